@@ -1,0 +1,61 @@
+"""The project's own small exception tree.
+
+Every error a user can cause (bad YAML, an unknown host key, a job that can never fit) is one of
+these, carries a one-line message that says what is wrong and how to fix it, and maps to an exit
+status in the CLI.  Expected failures while a batch runs (a job's non-zero exit, a host that drops)
+are *data* (results, events), not exceptions.
+"""
+
+from __future__ import annotations
+
+
+class SchedulerError(Exception):
+    """Base class: ``str(err)`` is the one line shown to the user."""
+
+    exit_code: int = 2
+
+
+class ConfigError(SchedulerError):
+    """A machine file, ssh config entry or command-line value is unusable."""
+
+
+class BatchError(SchedulerError):
+    """A batch file line or job name is unusable."""
+
+
+class UnsatisfiableError(SchedulerError):
+    """A job asks for more than any machine could ever give it."""
+
+
+class ProbeError(SchedulerError):
+    """A host's probe output could not be understood."""
+
+
+class TransportError(SchedulerError):
+    """Talking to a host failed (base of the connection errors)."""
+
+    exit_code = 255
+
+
+class HostUnreachableError(TransportError):
+    """The host did not answer within its connect timeout, or refused the connection."""
+
+
+class HostKeyError(TransportError):
+    """The host's key is unknown or changed; nothing was sent to it."""
+
+
+class AuthenticationError(TransportError):
+    """The host rejected every key we offered."""
+
+
+class ConnectionLostError(TransportError):
+    """An established connection dropped."""
+
+
+class TransferError(SchedulerError):
+    """A copy forward or back was refused or failed (unsafe name, limit exceeded, I/O error)."""
+
+
+class ConflictError(SchedulerError):
+    """combine_folders found the same path with different content."""
