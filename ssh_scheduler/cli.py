@@ -1,0 +1,266 @@
+"""Command-line layer: thin typer commands over the Python API.
+
+The ancestor took several values after one flag (``--machines a.yaml b.yaml``); click does not,
+so ``expand_multi_value`` rewrites such argv into the repeated-flag form before typer sees it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from .errors import SchedulerError
+
+MULTI_VALUE = ("--machines", "--copy-forwards", "--copy-backwards", "--exclude-hosts", "-x")
+T = TypeVar("T")
+
+
+def expand_multi_value(argv: Sequence[str], options: Sequence[str] = MULTI_VALUE) -> list[str]:
+    """``--machines a b --x`` -> ``--machines a --machines b --x``.  Values run until the next
+    token that starts with ``-`` (or ``--``, which ends them and is dropped)."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token in options:
+            i += 1
+            values = []
+            while i < len(argv) and not argv[i].startswith("-"):
+                values.append(argv[i])
+                i += 1
+            if i < len(argv) and argv[i] == "--" and values:
+                i += 1
+            if not values:
+                out.append(token)  # let typer report the missing value
+            for value in values:
+                out.extend([token, value])
+            continue
+        out.append(token)
+        i += 1
+    return out
+
+
+def fail(exc: SchedulerError) -> typer.Exit:
+    typer.echo(f"error: {exc}", err=True)
+    return typer.Exit(exc.exit_code)
+
+
+def run_async(factory: Callable[[], Coroutine[Any, Any, T]], on_interrupt: Callable[[], None] | None = None) -> T:
+    """Run a coroutine; SIGINT/SIGTERM call ``on_interrupt`` (drain, then kill) when given."""
+
+    async def main() -> T:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        handler = on_interrupt or task.cancel
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, handler)
+        return await factory()
+
+    return asyncio.run(main())
+
+
+def out_line(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def err_line(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+# --- execute_batch -------------------------------------------------------------------------------
+
+MachinesOpt = Annotated[
+    list[str] | None,
+    typer.Option("--machines", help="machine YAML files, ~/.ssh/config aliases or ranges like gpu[1-4]; none = this machine"),
+]
+
+
+def execute_batch(
+    batch_file: Annotated[Path, typer.Argument(help="one shell command per line")],
+    machines: MachinesOpt = None,
+    exclude_hosts: Annotated[list[str] | None, typer.Option("--exclude-hosts", "-x", help="hosts to leave out")] = None,
+    commands: Annotated[bool, typer.Option("--commands", help="lines are partial execute_remote commands")] = False,
+    copy_forwards: Annotated[list[str] | None, typer.Option("--copy-forwards", help="paths to send (default: .)")] = None,
+    copy_backwards: Annotated[list[str] | None, typer.Option("--copy-backwards", help="paths to bring back (default: what the job created or changed)")] = None,
+    num_cpus: Annotated[float, typer.Option("--num-cpus", help="CPU cores per job")] = 1.0,
+    memory_required: Annotated[int, typer.Option("--memory-required", help="RAM per job, MB")] = 1000,
+    reserve: Annotated[bool, typer.Option("--reserve", help="each job gets a whole machine")] = False,
+    no_gpu_required: Annotated[bool, typer.Option("--no-gpu-required", help="jobs need no GPU")] = False,
+    gpus_per_job: Annotated[int | None, typer.Option("--gpus-per-job", help="GPUs per job (default 1 where hosts have GPUs)")] = None,
+    gpu_memory_required: Annotated[int, typer.Option("--gpu-memory-required", help="GPU memory per job and GPU, MB")] = 1000,
+    gpu_utilization: Annotated[float, typer.Option("--gpu-utilization", help="fraction of a GPU's compute per job")] = 0.0,
+    no_reserve_gpu: Annotated[bool, typer.Option("--no-reserve-gpu", help="let jobs share a GPU")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the placement plan, run nothing")] = False,
+    accept_new: Annotated[bool, typer.Option("--accept-new", help="trust and record unknown host keys")] = False,
+    results_dir: Annotated[Path, typer.Option("--results-dir")] = Path("job_results"),
+    probe_interval: Annotated[float, typer.Option("--probe-interval", help="seconds between re-probes")] = 15.0,
+    lease: Annotated[float, typer.Option("--lease", help="seconds a host keeps jobs alive without hearing from us")] = 60.0,
+    max_result_bytes: Annotated[int, typer.Option("--max-result-bytes")] = 10 * 1024**3,
+    max_result_files: Annotated[int, typer.Option("--max-result-files")] = 100_000,
+) -> None:
+    """Run every line of BATCH_FILE as a job, placed where its needs fit."""
+    from .allocate import Needs
+    from .batch import parse_batch
+    from .config import load_machines, local_machine
+    from .scheduler import Batch, BatchOptions
+    from .transfer import CopyLimits
+
+    try:
+        try:
+            data = batch_file.read_bytes()
+        except OSError as exc:
+            raise SchedulerError(f"cannot read batch file {batch_file}: {exc.strerror}") from None
+        jobs = parse_batch(data, str(batch_file), commands_mode=commands)
+        hosts = load_machines(machines, exclude=exclude_hosts or ()) if machines else [local_machine()]
+        gpus = 0 if no_gpu_required else (gpus_per_job if gpus_per_job is not None else 1)
+        needs = Needs(
+            cpus=num_cpus,
+            memory_mb=memory_required,
+            gpus=gpus,
+            gpu_memory_mb=gpu_memory_required if gpus else 0,
+            gpu_utilization=gpu_utilization if gpus else 0.0,
+            reserve_machine=reserve,
+            reserve_gpu=not no_reserve_gpu,
+        )
+        options = BatchOptions(
+            needs=needs,
+            gpus_explicit=no_gpu_required or gpus_per_job is not None,
+            copy_forwards=tuple(copy_forwards or (".",)),
+            copy_backwards=tuple(copy_backwards) if copy_backwards else None,
+            results_dir=results_dir,
+            dry_run=dry_run,
+            accept_new=accept_new,
+            probe_interval=probe_interval,
+            lease=lease,
+            limits=CopyLimits(max_result_bytes, max_result_files),
+        )
+        batch = Batch(jobs, hosts, options, out=out_line, err=err_line)
+        summary = run_async(batch.run, batch.request_stop)
+    except SchedulerError as exc:
+        raise fail(exc) from None
+    except asyncio.CancelledError:
+        err_line("cancelled: running jobs were killed")
+        raise typer.Exit(130) from None
+    if summary.failed:
+        err_line(f"{len(summary.failed)} of {len(summary.outcomes)} jobs failed; see {results_dir}/<job>.err")
+    raise typer.Exit(summary.exit_code)
+
+
+# --- execute_remote ------------------------------------------------------------------------------
+
+
+def execute_remote(
+    command: Annotated[str, typer.Argument(help="the shell command to run")],
+    machine: Annotated[str | None, typer.Option("--machine", help="machine YAML or ~/.ssh/config alias; none = this machine")] = None,
+    copy_forwards: Annotated[list[str] | None, typer.Option("--copy-forwards")] = None,
+    copy_backwards: Annotated[list[str] | None, typer.Option("--copy-backwards")] = None,
+    job_name: Annotated[str | None, typer.Option("--job-name")] = None,
+    gpus: Annotated[str | None, typer.Option("--gpus", help="set CUDA_VISIBLE_DEVICES to this")] = None,
+    accept_new: Annotated[bool, typer.Option("--accept-new", help="trust and record an unknown host key")] = False,
+    results_dir: Annotated[Path, typer.Option("--results-dir")] = Path("job_results"),
+) -> None:
+    """Run one command on one machine, streaming its output; exits with its exit status."""
+    from .batch import validate_job_name
+    from .config import load_machine, local_machine
+    from .remote import RemoteOptions
+    from .remote import execute_remote as run_remote
+
+    try:
+        if job_name is not None:
+            validate_job_name(job_name)
+        target = load_machine(machine) if machine else local_machine()
+        options = RemoteOptions(
+            copy_forwards=tuple(copy_forwards or (".",)),
+            copy_backwards=tuple(copy_backwards) if copy_backwards else None,
+            job_name=job_name,
+            results_dir=results_dir,
+            accept_new=accept_new,
+            gpus=gpus,
+        )
+        code = run_async(lambda: run_remote(target, command, options))
+    except SchedulerError as exc:
+        raise fail(exc) from None
+    except asyncio.CancelledError:
+        err_line("cancelled: the remote job was killed")
+        raise typer.Exit(130) from None
+    raise typer.Exit(code)
+
+
+# --- combine_folders -----------------------------------------------------------------------------
+
+
+def combine_folders(
+    dest: Annotated[Path, typer.Argument(help="folder to merge into")],
+    sources: Annotated[list[Path], typer.Argument(help="folders to merge")],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print what would be copied")] = False,
+) -> None:
+    """Merge result folders: identical files collapse, conflicting ones are an error."""
+    from .combine import combine_folders as combine
+
+    try:
+        report = combine(dest, sources, dry_run=dry_run)
+    except SchedulerError as exc:
+        raise fail(exc) from None
+    if not dry_run:
+        err_line(f"combined: {report.copied} copied, {report.identical} identical")
+
+
+# --- wiring --------------------------------------------------------------------------------------
+
+COMMANDS: dict[str, Callable[..., None]] = {
+    "execute_batch": execute_batch,
+    "execute_remote": execute_remote,
+    "combine_folders": combine_folders,
+}
+
+
+def _register_execute_to() -> None:
+    try:
+        from .fleet import execute_to_command
+    except ImportError:
+        return
+    COMMANDS["execute_to"] = execute_to_command
+
+
+_register_execute_to()
+
+
+def single(name: str) -> Callable[[], None]:
+    def entry() -> None:
+        app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+        app.command(name=name)(COMMANDS[name])
+        app(args=expand_multi_value(sys.argv[1:]), prog_name=name)
+
+    return entry
+
+
+execute_batch_main = single("execute_batch")
+execute_remote_main = single("execute_remote")
+combine_folders_main = single("combine_folders")
+
+
+def execute_to_main() -> None:
+    single("execute_to")()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    app = typer.Typer(
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        help="Run batches of shell commands across many machines and GPUs over plain SSH.",
+        no_args_is_help=True,
+    )
+    for name, func in COMMANDS.items():
+        app.command(name=name)(func)
+        app.command(name=name.replace("_", "-"), hidden=True)(func)
+    args = list(sys.argv[1:] if argv is None else argv)
+    app(args=expand_multi_value(args), prog_name="ssh-scheduler")

@@ -1,0 +1,72 @@
+"""Append-only journal of job state changes, in ``job_results/.journal.jsonl``.
+
+Each change is one JSON line written straight to the OS (``write`` + no user-space buffer), so a
+killed coordinator loses nothing it recorded; ``fsync`` is grouped (at most once per
+``FSYNC_EVERY`` seconds and at close), since a per-event fsync would cap the batch's job rate.
+On reading, a torn last line (a crash mid-write) is ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+JOURNAL_NAME = ".journal.jsonl"
+FSYNC_EVERY = 1.0
+
+
+class Journal:
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._last_sync = time.monotonic()
+
+    @classmethod
+    @contextmanager
+    def open(cls, results_dir: Path) -> Iterator[Journal]:
+        fd = os.open(
+            results_dir / JOURNAL_NAME, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644
+        )
+        journal = cls(fd)
+        try:
+            yield journal
+        finally:
+            os.fsync(fd)
+            os.close(fd)
+
+    def record(self, job: str, state: str, **fields: Any) -> None:
+        entry = {"t": round(time.time(), 3), "job": job, "state": state, **fields}
+        os.write(self.fd, (json.dumps(entry, separators=(",", ":")) + "\n").encode())
+        now = time.monotonic()
+        if now - self._last_sync >= FSYNC_EVERY:
+            os.fsync(self.fd)
+            self._last_sync = now
+
+
+def read_journal(results_dir: Path) -> list[dict[str, Any]]:
+    path = results_dir / JOURNAL_NAME
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    entries = []
+    for line in data.split(b"\n"):
+        if not line:
+            continue
+        try:
+            entries.append(json.loads(line))
+        except ValueError:
+            continue  # a torn line from a crash mid-write
+    return entries
+
+
+def last_states(results_dir: Path) -> dict[str, dict[str, Any]]:
+    """The latest recorded entry of each job."""
+    states: dict[str, dict[str, Any]] = {}
+    for entry in read_journal(results_dir):
+        states[str(entry.get("job"))] = entry
+    return states

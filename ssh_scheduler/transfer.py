@@ -1,0 +1,328 @@
+"""Copy inputs forward and results back.
+
+Forward, rsync-style but content-addressed: every local file is hashed once per batch; each host
+keeps a cache ``<workdir>/cache/<sha256>-<r|x>`` so a file reaches a host at most once however many
+jobs use it, and not at all when an earlier batch already sent the same bytes.  Each job gets a
+private directory whose inputs are hard links into that cache.
+
+Back: the host is untrusted.  The agent lists what to fetch, but every name is validated here,
+every local file is created relative to directory file descriptors with ``O_NOFOLLOW``/``O_EXCL``,
+remote symlinks are only recreated when they stay inside the job folder, special files are
+skipped, and size and count limits stop a flood.  Results land in a staging folder that is renamed
+into ``job_results/<job>`` only when complete, so a crash never leaves a partial result visible.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import posixpath
+import secrets
+import shutil
+import stat
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import TransferError
+from .runner import HostSession
+from .transport import SizeLimitExceeded
+
+DEFAULT_EXCLUDES = frozenset({"job_results", ".git"})
+UPLOAD_CONCURRENCY = 4
+
+
+@dataclass(frozen=True, slots=True)
+class LocalFile:
+    rel: str  # path inside the job directory (posix)
+    path: Path  # where it is here
+    key: str  # cache key on the host: content hash and executable bit
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardSet:
+    files: tuple[LocalFile, ...]
+    dirs: tuple[str, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+class Hasher:
+    """Hashes local files once per batch (keyed by path, size and mtime)."""
+
+    def __init__(self) -> None:
+        self._memo: dict[tuple[str, int, int], str] = {}
+
+    def digest(self, path: Path, st: os.stat_result) -> str:
+        memo_key = (str(path), st.st_size, st.st_mtime_ns)
+        cached = self._memo.get(memo_key)
+        if cached is None:
+            h = hashlib.sha256()
+            with open(path, "rb") as f:
+                while block := f.read(1 << 20):
+                    h.update(block)
+            cached = h.hexdigest()
+            self._memo[memo_key] = cached
+        return cached
+
+
+def collect_forward(
+    paths: Sequence[str], base: Path, hasher: Hasher, excludes: Iterable[str] = DEFAULT_EXCLUDES
+) -> ForwardSet:
+    """Walk the paths to send (relative to ``base``), following no symlinked directory."""
+    excluded = set(excludes)
+    files: dict[str, LocalFile] = {}
+    dirs: set[str] = set()
+    for given in paths:
+        top = (base / given).resolve() if not os.path.isabs(given) else Path(given)
+        if not top.exists():
+            raise TransferError(f"--copy-forwards: {given} does not exist (relative to {base})")
+        try:
+            top_rel = top.relative_to(base.resolve())
+        except ValueError:
+            top_rel = Path(top.name)
+        for local, rel in _walk_local(top, top_rel, excluded):
+            st = local.stat()
+            if stat.S_ISDIR(st.st_mode):
+                dirs.add(rel)
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            executable = "x" if st.st_mode & 0o111 else "r"
+            key = f"{hasher.digest(local, st)}-{executable}"
+            files[rel] = LocalFile(rel, local, key, st.st_size)
+    return ForwardSet(tuple(sorted(files.values(), key=lambda f: f.rel)), tuple(sorted(dirs)))
+
+
+def _walk_local(top: Path, top_rel: Path, excluded: set[str]) -> Iterable[tuple[Path, str]]:
+    rel_top = top_rel.as_posix()
+    if top.is_file():
+        yield top, rel_top
+        return
+    for dirpath, dirnames, filenames in os.walk(top):
+        dirnames[:] = sorted(d for d in dirnames if d not in excluded)
+        here = Path(dirpath)
+        rel_dir = here.relative_to(top)
+        prefix = (top_rel / rel_dir).as_posix()
+        if prefix not in (".", ""):
+            yield here, prefix
+        for name in sorted(filenames):
+            rel = posixpath.normpath(f"{prefix}/{name}") if prefix not in (".", "") else name
+            yield here / name, rel
+
+
+class HostCache:
+    """What one host's cache holds, so each distinct file is uploaded at most once per batch."""
+
+    def __init__(self, host: HostSession) -> None:
+        self.host = host
+        self._ready: dict[str, asyncio.Future[None]] = {}
+        self._limit = asyncio.Semaphore(UPLOAD_CONCURRENCY)
+        self.bytes_uploaded = 0
+        self.files_uploaded = 0
+
+    async def ensure(self, files: Sequence[LocalFile]) -> None:
+        unique = {f.key: f for f in files}
+        new = [f for key, f in unique.items() if key not in self._ready]
+        loop = asyncio.get_running_loop()
+        for f in new:
+            self._ready[f.key] = loop.create_future()
+        if new:
+            try:
+                missing = set(
+                    await self.host.have([f.key for f in new], {f.key: f.size for f in new})
+                )
+                await asyncio.gather(*(self._upload(f) for f in new if f.key in missing))
+            except BaseException as exc:
+                for f in new:
+                    fut = self._ready.pop(f.key)
+                    if not fut.done():
+                        fut.set_exception(exc)
+                        fut.exception()  # mark retrieved: the caller raises it below
+                raise
+            for f in new:
+                if not self._ready[f.key].done():
+                    self._ready[f.key].set_result(None)
+        await asyncio.gather(*(self._ready[key] for key in unique))
+
+    async def _upload(self, f: LocalFile) -> None:
+        mode = 0o555 if f.key.endswith("-x") else 0o444
+        async with self._limit:
+            sent = await self.host.transport.upload(
+                f.path, f"{self.host.root}/cache/{f.key}", mode
+            )
+        self.bytes_uploaded += sent
+        self.files_uploaded += 1
+
+
+async def send_forward(cache: HostCache, forward: ForwardSet, jobdir: str) -> None:
+    await cache.ensure(forward.files)
+    await cache.host.stage(jobdir, [(f.rel, f.key) for f in forward.files], list(forward.dirs))
+
+
+# --- back ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CopyLimits:
+    max_bytes: int = 10 * 1024**3
+    max_files: int = 100_000
+
+
+@dataclass(slots=True)
+class CopyBackReport:
+    files: int = 0
+    bytes: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+
+def safe_relpath(rel: object) -> str | None:
+    """The validated relative path, or None when a remote name could escape or is malformed."""
+    if not isinstance(rel, str) or not rel or "\x00" in rel or rel.startswith("/"):
+        return None
+    parts = rel.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        return None
+    return rel
+
+
+def link_stays_inside(rel: str, target: str) -> bool:
+    if not target or target.startswith("/") or "\x00" in target:
+        return False
+    joined = posixpath.normpath(posixpath.join(posixpath.dirname(rel), target))
+    return not (joined == ".." or joined.startswith("../") or joined.startswith("/"))
+
+
+class _SafeTree:
+    """Creates entries under one root directory without ever following a symlink."""
+
+    def __init__(self, root_fd: int) -> None:
+        self.root_fd = root_fd
+
+    def _open_dir(self, parts: Sequence[str], create: bool) -> int:
+        fd = os.dup(self.root_fd)
+        try:
+            for part in parts:
+                if create:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(part, 0o755, dir_fd=fd)
+                nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                os.close(fd)
+                fd = nxt
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def mkdir(self, rel: str) -> None:
+        os.close(self._open_dir(rel.split("/"), create=True))
+
+    def create_file(self, rel: str, mode: int) -> tuple[int, int]:
+        """Returns (file fd, parent dir fd)."""
+        *parents, name = rel.split("/")
+        dfd = self._open_dir(parents, create=True)
+        try:
+            fd = os.open(
+                name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode & 0o777, dir_fd=dfd
+            )
+        except BaseException:
+            os.close(dfd)
+            raise
+        return fd, dfd
+
+    def symlink(self, rel: str, target: str) -> None:
+        *parents, name = rel.split("/")
+        dfd = self._open_dir(parents, create=True)
+        try:
+            os.symlink(target, name, dir_fd=dfd)
+        finally:
+            os.close(dfd)
+
+
+async def fetch_back(
+    host: HostSession,
+    jobdir: str,
+    dest: Path,
+    *,
+    paths: Sequence[str] | None,
+    limits: CopyLimits,
+) -> CopyBackReport:
+    """Bring a job's results home into ``dest`` (which must not exist yet), atomically."""
+    if dest.exists() or dest.is_symlink():
+        raise TransferError(f"{dest} already exists; results are never overwritten")
+    entries = await host.manifest(jobdir, list(paths) if paths else None)
+    report = CopyBackReport()
+    staging = dest.parent / f".partial-{dest.name}-{secrets.token_hex(4)}"
+    os.mkdir(staging, 0o755)
+    root_fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        tree = _SafeTree(root_fd)
+        if len(entries) > limits.max_files:
+            raise TransferError(
+                f"{host.name}:{jobdir} holds {len(entries)} entries, over the copy-back limit of "
+                f"{limits.max_files} files (raise --max-result-files); the results stay on the host"
+            )
+        for entry in entries:
+            await _fetch_entry(host, jobdir, tree, entry, report, limits)
+        os.close(root_fd)
+        root_fd = -1
+        os.rename(staging, dest)
+    except BaseException:
+        if root_fd >= 0:
+            os.close(root_fd)
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return report
+
+
+async def _fetch_entry(
+    host: HostSession,
+    jobdir: str,
+    tree: _SafeTree,
+    entry: list[object],
+    report: CopyBackReport,
+    limits: CopyLimits,
+) -> None:
+    try:
+        raw_rel, kind, _size, mode, link = entry
+    except (TypeError, ValueError):
+        report.warnings.append(f"{host.name}: malformed manifest entry skipped")
+        return
+    rel = safe_relpath(raw_rel)
+    if rel is None:
+        report.warnings.append(f"{host.name}: unsafe name {raw_rel!r} refused")
+        return
+    try:
+        if kind == "dir":
+            tree.mkdir(rel)
+        elif kind == "link":
+            if isinstance(link, str) and link_stays_inside(rel, link):
+                tree.symlink(rel, link)
+            else:
+                report.warnings.append(f"{rel}: symlink to {link!r} leaves the job folder; skipped")
+        elif kind == "file":
+            fd, dfd = tree.create_file(rel, int(mode) if isinstance(mode, int) else 0o644)
+            try:
+                budget = limits.max_bytes - report.bytes
+                try:
+                    got = await host.transport.download(f"{jobdir}/{rel}", fd, budget)
+                except SizeLimitExceeded:
+                    raise TransferError(
+                        f"{host.name}:{jobdir}: results exceed the copy-back limit of "
+                        f"{limits.max_bytes} bytes (raise --max-result-bytes); they stay on the host"
+                    ) from None
+                report.bytes += got
+                report.files += 1
+            finally:
+                os.close(fd)
+                os.close(dfd)
+        else:
+            report.warnings.append(f"{rel}: special file skipped")
+    except OSError as exc:
+        # ELOOP / ENOTDIR / EEXIST: something tried to redirect us through a link or reuse a name.
+        report.warnings.append(f"{rel}: refused ({exc.strerror})")
