@@ -30,7 +30,8 @@ from .errors import TransferError
 from .runner import HostSession
 from .transport import SizeLimitExceeded
 
-DEFAULT_EXCLUDES = frozenset({"job_results", ".git"})
+# Never worth sending: results, VCS data, virtualenvs (paths are host-specific) and caches.
+DEFAULT_EXCLUDES = frozenset({"job_results", ".git", ".venv", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache"})
 UPLOAD_CONCURRENCY = 4
 
 
