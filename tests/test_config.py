@@ -1,0 +1,595 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from ssh_scheduler.config import (
+    DEFAULT_WORKDIR,
+    Machine,
+    load_machine,
+    load_machines,
+    local_machine,
+    parse_machine_yaml,
+    parse_ssh_config,
+    resolve_ssh_alias,
+)
+from ssh_scheduler.errors import ConfigError
+
+ANCESTOR_YAML = """\
+username: ben       # Replace with your username on the machine
+ip: 105.29.123.241  # Replace with your machine's url or IP address
+port: 22    # leave at default value of 22 unless you know what you are doing
+# replace with a path to an ssh key to the machine (MUST BE PASSWORDLESS SSH KEY)
+ssh_key_path: ~/.ssh/id_ssh_key
+"""
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own HOME (no real ~/.ssh/config or ~/.local/var) and cwd."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("USER", "localuser")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    return home
+
+
+def one_line_error(message: str, *needles: str) -> None:
+    assert "\n" not in message, message
+    assert "Traceback" not in message
+    for needle in needles:
+        assert needle in message, (needle, message)
+
+
+def config_error(fn: object, *args: object, **kwargs: object) -> str:
+    with pytest.raises(ConfigError) as info:
+        fn(*args, **kwargs)  # type: ignore[operator]
+    return str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# machine YAML
+
+
+def test_ancestor_example(tmp_path: Path) -> None:
+    home = Path(os.environ["HOME"])
+    m = parse_machine_yaml(ANCESTOR_YAML, source="example/machine.yaml")
+    assert m == Machine(
+        name="machine",
+        host="105.29.123.241",
+        port=22,
+        user="ben",
+        key_paths=(str(home / ".ssh/id_ssh_key"),),
+        source="example/machine.yaml",
+    )
+    assert m.workdir == DEFAULT_WORKDIR
+    assert m.known_hosts is None
+    assert m.max_sessions == 10
+    assert m.connect_timeout == 10.0
+    assert m.forward_agent is False
+    assert m.is_local is False
+
+
+def test_all_keys(tmp_path: Path) -> None:
+    text = """
+name: big-gpu
+ip: gpu1.example.com
+username: alice
+port: 2222
+ssh_key_path: [keys/id_a, /abs/id_b]
+known_hosts: kh/known
+workdir: /scratch/alice/sched
+max_sessions: 4
+connect_timeout: 2.5
+forward_agent: yes
+proxy_jump: bob@bastion:2200
+"""
+    m = parse_machine_yaml(text, source=str(tmp_path / "conf" / "m.yaml"))
+    assert m.name == "big-gpu"
+    assert m.host == "gpu1.example.com"
+    assert m.user == "alice"
+    assert m.port == 2222
+    assert m.key_paths == (str(tmp_path / "conf" / "keys" / "id_a"), "/abs/id_b")
+    assert m.known_hosts == (str(tmp_path / "conf" / "kh" / "known"),)
+    assert m.workdir == "/scratch/alice/sched"
+    assert m.max_sessions == 4
+    assert m.connect_timeout == 2.5
+    assert m.forward_agent is True
+    assert m.proxy_jump == "bob@bastion:2200"
+
+
+def test_relative_paths_use_yaml_dir_even_when_source_is_relative(tmp_path: Path) -> None:
+    m = parse_machine_yaml("ip: h\nssh_key_path: id\n", source="sub/m.yaml")
+    assert m.key_paths == (str(Path.cwd() / "sub" / "id"),)
+    m2 = parse_machine_yaml("ip: h\nssh_key_path: id\n", source="x", base_dir=tmp_path)
+    assert m2.key_paths == (str(tmp_path / "id"),)
+
+
+@pytest.mark.parametrize(
+    ("text", "expect"),
+    [
+        ("ip: 10.0.0.5\n", {"user": None, "port": 22, "key_paths": ()}),  # only ip is required
+        ("ip: '::1'\n", {"host": "::1"}),
+        ("ip: '[fe80::1%eth0]'\n", {"host": "fe80::1%eth0"}),
+        ("ip: h\nport:\nusername:\n", {"port": 22, "user": None}),  # empty = default
+        ("ip: h\nconnect_timeout: 3\n", {"connect_timeout": 3.0}),
+        ("ip: h\nproxy_jump: none\n", {"proxy_jump": None}),
+        ("ip: h\nusername: svc_user.01\n", {"user": "svc_user.01"}),
+        ("ip: h\nusername: 'machine$'\n", {"user": "machine$"}),
+        ("ip: My-Host_1.lan\n", {"host": "My-Host_1.lan"}),
+    ],
+)
+def test_yaml_variants(text: str, expect: dict[str, object]) -> None:
+    m = parse_machine_yaml(text, source="m.yaml")
+    for key, value in expect.items():
+        assert getattr(m, key) == value
+
+
+def test_name_defaults_to_stem_or_host() -> None:
+    assert parse_machine_yaml("ip: h\n", source="/x/gpu7.yaml").name == "gpu7"
+    assert parse_machine_yaml("ip: h\n", source="").name == "h"
+
+
+@pytest.mark.parametrize(
+    ("text", "needles"),
+    [
+        ("", ["m.yaml", "empty"]),
+        ("# only a comment\n", ["m.yaml", "empty"]),
+        ("- ip: h\n", ["m.yaml", "got a list"]),
+        ("just text\n", ["m.yaml", "single value"]),
+        ("username: ben\nport: 22\n", ["m.yaml", "missing key 'ip'", "host name or address"]),
+        ("ip:\n", ["m.yaml line 1", "'ip' is empty"]),
+        (
+            "ip: h\nusernme: ben\n",
+            ["m.yaml line 2", "'usernme'", "did you mean 'username'", "valid keys: ip, username"],
+        ),
+        ("ip: h\n1: x\n", ["m.yaml", "unknown key 1"]),
+        ("ip: h\nip: g\n", ["m.yaml line 2", "'ip' is given twice", "line 1"]),
+        ("ip: 12345\n", ["m.yaml line 1", "'ip' must be a host name", "quotes"]),
+        ("ip: ben@h\n", ["'ben@h'", "user name in its own setting"]),
+        ("ip: 'h:22'\n", ["'h:22'", "port in its own setting"]),
+        ("ip: '-oProxyCommand=x'\n", ["'-oProxyCommand=x'", "not starting with '-'"]),
+        ("ip: 'h; rm -rf /'\n", ["not a valid host"]),
+        ("ip: 'a b'\n", ["not a valid host"]),
+        ("ip: h/x\n", ["not a valid host"]),
+        ("ip: '[1::2::3]'\n", ["not a valid host"]),
+        (
+            "ip: h\nport: abc\n",
+            ["m.yaml line 2", "'port' must be a whole number from 1 to 65535", "'abc'"],
+        ),
+        ("ip: h\nport: 0\n", ["'port'", "from 1 to 65535"]),
+        ("ip: h\nport: 70000\n", ["'port'", "70000"]),
+        ("ip: h\nport: true\n", ["'port'", "True"]),
+        ("ip: h\nport: 22.5\n", ["'port'", "22.5"]),
+        ("ip: h\nusername: '-x'\n", ["m.yaml line 2", "'-x'", "not starting with '-'"]),
+        ("ip: h\nusername: 'a b'\n", ["'a b'", "not a valid user name"]),
+        ("ip: h\nusername: 'a;b'\n", ["'a;b'"]),
+        ("ip: h\nusername: 42\n", ["'username' must be text"]),
+        ("ip: h\nssh_key_path: 5\n", ["'ssh_key_path' must be a path"]),
+        ("ip: h\nssh_key_path: []\n", ["'ssh_key_path' is an empty list"]),
+        ("ip: h\nssh_key_path: [a, {b: c}]\n", ["'ssh_key_path' must be a path"]),
+        ("ip: h\nknown_hosts: ''\n", ["'known_hosts' must be a path"]),
+        ("ip: h\nmax_sessions: 0\n", ["'max_sessions'", "at least 1"]),
+        ("ip: h\nmax_sessions: many\n", ["'max_sessions'", "'many'"]),
+        ("ip: h\nconnect_timeout: 0\n", ["'connect_timeout'", "greater than 0"]),
+        ("ip: h\nconnect_timeout: -1\n", ["'connect_timeout'"]),
+        ("ip: h\nconnect_timeout: .nan\n", ["'connect_timeout'"]),
+        ("ip: h\nconnect_timeout: soon\n", ["'connect_timeout'", "'soon'"]),
+        ("ip: h\nforward_agent: 'yes'\n", ["'forward_agent' must be true or false"]),
+        ('ip: h\nworkdir: "a\\nb"\n', ["'workdir'", "newline"]),
+        ('ip: h\nworkdir: "a\\0b"\n', ["'workdir'", "NUL"]),
+        ("ip: h\nworkdir: [a]\n", ["'workdir' must be a remote folder path"]),
+        ("ip: h\nname: ''\n", ["'name' must be printable text"]),
+        ("ip: h\nname: a/b\n", ["'name'", "'a/b'"]),
+        ("ip: h\nproxy_jump: 'a b'\n", ["proxy_jump", "[user@]host[:port]"]),
+        ("ip: h\nproxy_jump: '-J x'\n", ["proxy_jump"]),
+    ],
+)
+def test_yaml_errors(text: str, needles: list[str]) -> None:
+    one_line_error(config_error(parse_machine_yaml, text, source="m.yaml"), *needles)
+
+
+def test_deep_nesting_is_a_config_error() -> None:
+    message = config_error(parse_machine_yaml, "ip: " + "[" * 5000 + "]" * 5000, source="d.yaml")
+    one_line_error(message, "d.yaml", "nested too deeply")
+
+
+def test_python_tag_refused() -> None:
+    text = "ip: !!python/object/apply:os.system ['touch /tmp/pwned']\n"
+    message = config_error(parse_machine_yaml, text, source="evil.yaml")
+    one_line_error(message, "evil.yaml line 1", "python/object/apply:os.system", "not allowed")
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("ip: h\nport: [22\n", "line 3"),
+        ("ip: h\n  port: 22\n", "line 2, column 7"),
+        ("ip: 'unterminated\n", "line 2"),
+        ("ip: h\n\tport: 22\n", "line 2"),
+        ("ip: h\n---\nip: g\n", "line 2"),
+        ("ip: *nope\n", "line 1"),
+    ],
+)
+def test_malformed_yaml_has_line_and_column(text: str, where: str) -> None:
+    message = config_error(parse_machine_yaml, text, source="bad.yaml")
+    one_line_error(message, "bad.yaml", where, "column")
+
+
+def test_local_machine() -> None:
+    m = local_machine()
+    assert (m.name, m.is_local, m.workdir) == ("localhost", True, DEFAULT_WORKDIR)
+
+
+# ---------------------------------------------------------------------------------------------
+# lookup
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_lookup_order(tmp_path: Path) -> None:
+    var = tmp_path / "var"
+    write(Path("m"), "ip: from-path\n")
+    write(Path("m.yaml"), "ip: from-path-yaml\n")
+    write(var / "m", "ip: from-var\n")
+    write(var / "m.yaml", "ip: from-var-yaml\n")
+    dirs = [var]
+    assert load_machine("m", search_dirs=dirs).host == "from-path"
+    Path("m").unlink()
+    m = load_machine("m", search_dirs=dirs)
+    assert (m.host, m.source) == ("from-path-yaml", "m.yaml")
+    Path("m.yaml").unlink()
+    assert load_machine("m", search_dirs=dirs).host == "from-var"
+    (var / "m").unlink()
+    m = load_machine("m", search_dirs=dirs)
+    assert (m.host, m.source, m.name) == ("from-var-yaml", str(var / "m.yaml"), "m")
+
+
+def test_lookup_default_search_dir_is_local_var(_home: Path) -> None:
+    write(_home / ".local" / "var" / "box.yaml", "ip: box.lan\nssh_key_path: k\n")
+    m = load_machine("box")
+    assert m.host == "box.lan"
+    assert m.key_paths == (str(_home / ".local" / "var" / "k"),)
+
+
+def test_lookup_path_with_directories_and_tilde(_home: Path) -> None:
+    write(Path("example/machine.yaml"), ANCESTOR_YAML)
+    assert load_machine("example/machine.yaml").source == "example/machine.yaml"
+    assert load_machine("example/machine").source == "example/machine.yaml"
+    write(_home / "ms" / "a.yaml", "ip: a\n")
+    assert load_machine("~/ms/a.yaml").host == "a"
+
+
+def test_not_found_message(_home: Path) -> None:
+    message = config_error(load_machine, "gpu99")
+    one_line_error(
+        message,
+        "no machine 'gpu99'",
+        "not a file (gpu99, gpu99.yaml)",
+        "not in ~/.local/var/",
+        "not a Host in ~/.ssh/config",
+        "user@gpu99",
+    )
+
+
+def test_errors_in_found_file_name_the_file() -> None:
+    write(Path("m.yaml"), "ip: h\nprot: 22\n")
+    one_line_error(
+        config_error(load_machine, "m"), "m.yaml line 2", "'prot'", "did you mean 'port'"
+    )
+
+
+def test_unreadable_and_non_utf8_files(tmp_path: Path) -> None:
+    write(Path("bin.yaml"), "")
+    Path("bin.yaml").write_bytes(b"ip: \xff\xfe\n")
+    one_line_error(config_error(load_machine, "bin"), "bin.yaml", "UTF-8")
+    Path("big.yaml").write_bytes(b"#" * (2 << 20))
+    one_line_error(config_error(load_machine, "big"), "big.yaml", "larger than")
+
+
+def test_empty_spec() -> None:
+    one_line_error(config_error(load_machine, "  "), "empty machine name")
+    one_line_error(config_error(load_machine, "~\x00x"), "control character")
+    one_line_error(config_error(load_machine, "a\nb"), "control character")
+
+
+# ---------------------------------------------------------------------------------------------
+# ~/.ssh/config
+
+SSH_CONFIG = """\
+# comment
+ForwardAgent no
+
+Host gpu1 gpu1-alias
+    HostName gpu1.cluster.example.com
+    User alice
+    Port 2201
+    IdentityFile ~/.ssh/id_gpu
+    IdentityFile=~/.ssh/id_%h_%r
+    ProxyJump bastion
+
+Host gpu*
+    HostName %h.internal
+    User bob
+    UserKnownHostsFile ~/.ssh/kh1 ~/.ssh/kh2
+
+Host *.lan !bad.lan
+    ConnectTimeout 3
+
+host = quoted
+    hostname "q.example.com"
+    IdentityFile "~/.ssh/my key"
+
+Match host foo
+    User matchuser
+
+Host *
+    User fallback
+    ConnectTimeout 7
+    ForwardAgent yes
+"""
+
+
+def test_parse_ssh_config_blocks() -> None:
+    blocks = parse_ssh_config(SSH_CONFIG)
+    assert blocks[0].conditions == ()
+    assert blocks[0].options[0].keyword == "forwardagent"
+    assert blocks[1].conditions == (("gpu1", "gpu1-alias"),)
+    assert [o.keyword for o in blocks[1].options][:3] == ["hostname", "user", "port"]
+    assert any(b.never for b in blocks)  # Match host foo
+
+
+def test_resolve_alias_first_value_wins(_home: Path) -> None:
+    opts = resolve_ssh_alias("gpu1", SSH_CONFIG)
+    assert opts is not None
+    assert opts["hostname"] == "gpu1.cluster.example.com"
+    assert opts["user"] == "alice"
+    assert opts["port"] == "2201"
+    assert opts["identityfile"] == (
+        str(_home / ".ssh/id_gpu"),
+        str(_home / ".ssh/id_gpu1.cluster.example.com_alice"),
+    )
+    assert opts["proxyjump"] == "bastion"
+    assert opts["forwardagent"] == "no"  # the global line comes first
+    assert opts["userknownhostsfile"] == (str(_home / ".ssh/kh1"), str(_home / ".ssh/kh2"))
+
+
+def test_resolve_alias_wildcard_only_is_not_found() -> None:
+    assert resolve_ssh_alias("typo-host", SSH_CONFIG) is None
+    assert resolve_ssh_alias("foo", SSH_CONFIG) is None  # Match blocks are not evaluated
+    opts = resolve_ssh_alias("typo-host", SSH_CONFIG, require_literal=False)
+    assert opts is not None
+    assert opts["user"] == "fallback"
+    assert opts["hostname"] == "typo-host"
+
+
+def test_resolve_alias_patterns_and_negation() -> None:
+    gpu7 = resolve_ssh_alias("gpu7", SSH_CONFIG)
+    assert gpu7 is not None
+    assert (gpu7["hostname"], gpu7["user"]) == ("gpu7.internal", "bob")
+    lan = resolve_ssh_alias("box.lan", SSH_CONFIG)
+    assert lan is not None and lan["connecttimeout"] == "3"
+    assert resolve_ssh_alias("bad.lan", SSH_CONFIG) is None  # negated
+    assert resolve_ssh_alias("GPU1", SSH_CONFIG) is not None  # case-insensitive
+
+
+def test_resolve_quoted_values(_home: Path) -> None:
+    opts = resolve_ssh_alias("quoted", SSH_CONFIG)
+    assert opts is not None
+    assert opts["hostname"] == "q.example.com"
+    assert opts["identityfile"] == (str(_home / ".ssh/my key"),)
+
+
+def test_proxyjump_proxycommand_first_wins() -> None:
+    text = "Host a\n  ProxyCommand none\nHost *\n  ProxyJump j\n"
+    opts = resolve_ssh_alias("a", text)
+    assert opts is not None
+    assert opts.get("proxycommand") == "none"
+    assert "proxyjump" not in opts
+
+
+@pytest.mark.parametrize(
+    ("text", "needles"),
+    [
+        ("Host a\n  HostName 'x\n", ["line 2", "unbalanced"]),
+        ("Host\n", ["line 1", "'Host' has no value"]),
+        ("Host a\n  IdentityFile ~/.ssh/id_%Q\n", ["line 2", "'%Q'"]),
+        ("Host a\n  = x\n", ["line 2", "cannot read"]),
+        ("Host a\n  IdentityFile ~\x00x\n", ["line 2", "control character"]),
+    ],
+)
+def test_ssh_config_errors(text: str, needles: list[str]) -> None:
+    one_line_error(config_error(resolve_ssh_alias, "a", text), *needles)
+
+
+def test_load_machine_from_alias(tmp_path: Path, _home: Path) -> None:
+    cfg = write(tmp_path / "ssh_config", SSH_CONFIG)
+    m = load_machine("gpu1", ssh_config=cfg)
+    assert m.name == "gpu1"
+    assert m.host == "gpu1.cluster.example.com"
+    assert m.user == "alice"
+    assert m.port == 2201
+    assert m.key_paths[0] == str(_home / ".ssh/id_gpu")
+    assert m.proxy_jump == "bastion"
+    assert m.forward_agent is False
+    assert m.connect_timeout == 7.0  # from Host *
+    assert m.known_hosts == (str(_home / ".ssh/kh1"), str(_home / ".ssh/kh2"))
+    assert "Host gpu1" in m.source
+
+
+def test_host_star_defaults_apply_to_alias(tmp_path: Path) -> None:
+    cfg = write(tmp_path / "c", "Host box\n  HostName 10.1.2.3\nHost *\n  User dflt\n  Port 2022\n")
+    m = load_machine("box", ssh_config=cfg)
+    assert (m.host, m.user, m.port, m.known_hosts) == ("10.1.2.3", "dflt", 2022, None)
+
+
+def test_default_ssh_config_location(_home: Path) -> None:
+    write(_home / ".ssh" / "config", "Host mybox\n  HostName 10.0.0.9\n")
+    assert load_machine("mybox").host == "10.0.0.9"
+    message = config_error(load_machine, "other")
+    one_line_error(message, "not a Host in ~/.ssh/config")
+
+
+def test_wildcard_only_alias_is_an_error(tmp_path: Path) -> None:
+    cfg = write(tmp_path / "c", "Host *\n  User u\n")
+    one_line_error(config_error(load_machine, "gpu-typo", ssh_config=cfg), "no machine 'gpu-typo'")
+
+
+def test_include(tmp_path: Path, _home: Path) -> None:
+    ssh = _home / ".ssh"
+    write(ssh / "conf.d" / "a.conf", "Host inc1\n  HostName 10.9.9.9\n")
+    write(ssh / "config", "Include conf.d/*.conf\nHost other\n  User o\n")
+    assert load_machine("inc1").host == "10.9.9.9"
+    # an Include inside a Host block only applies to that host
+    write(ssh / "config", "Host outer\n  Include extra\n  HostName 10.0.0.1\n")
+    write(ssh / "extra", "User fromextra\n")
+    m = load_machine("outer")
+    assert (m.user, m.host) == ("fromextra", "10.0.0.1")
+    write(ssh / "config", "Include config\n")
+    one_line_error(config_error(load_machine, "x"), "Include nested")
+
+
+@pytest.mark.parametrize(
+    ("config", "needles"),
+    [
+        ("Host b\n  Port http\n", ["Host b", "Port 'http'"]),
+        ("Host b\n  HostName 'bad host'\n", ["Host b", "'bad host'"]),
+        ("Host b\n  User '-oops'\n", ["Host b", "'-oops'"]),
+        (
+            "Host b\n  ProxyCommand nc %h %p\n",
+            ["Host b", "ProxyCommand is not supported", "ProxyJump"],
+        ),
+        ("Host b\n  ConnectTimeout soon\n", ["Host b", "'soon'"]),
+    ],
+)
+def test_alias_value_errors(tmp_path: Path, config: str, needles: list[str]) -> None:
+    cfg = write(tmp_path / "c", config)
+    one_line_error(config_error(load_machine, "b", ssh_config=cfg), *needles)
+
+
+# ---------------------------------------------------------------------------------------------
+# user@host[:port]
+
+
+@pytest.mark.parametrize(
+    ("spec", "user", "host", "port"),
+    [
+        ("ben@gpu1", "ben", "gpu1", 22),
+        ("ben@gpu1:2222", "ben", "gpu1", 2222),
+        ("ben@10.0.0.5:22", "ben", "10.0.0.5", 22),
+        ("ben@[::1]:2200", "ben", "::1", 2200),
+        ("ben@[::1]", "ben", "::1", 22),
+        ("ben@fe80::1", "ben", "fe80::1", 22),
+    ],
+)
+def test_user_at_host(spec: str, user: str, host: str, port: int) -> None:
+    m = load_machine(spec)
+    assert (m.user, m.host, m.port, m.name, m.source) == (user, host, port, spec, spec)
+
+
+def test_user_at_host_uses_ssh_config_with_spec_precedence(tmp_path: Path, _home: Path) -> None:
+    cfg = write(tmp_path / "c", SSH_CONFIG)
+    m = load_machine("carol@gpu1:2999", ssh_config=cfg)
+    assert (m.user, m.host, m.port) == ("carol", "gpu1.cluster.example.com", 2999)
+    assert m.key_paths[1] == str(_home / ".ssh/id_gpu1.cluster.example.com_carol")  # %r = carol
+    m2 = load_machine("carol@random-host", ssh_config=cfg)  # Host * applies here
+    assert (m2.user, m2.connect_timeout, m2.forward_agent) == ("carol", 7.0, False)
+
+
+@pytest.mark.parametrize(
+    ("spec", "needles"),
+    [
+        ("@h", ["'@h'", "user name before '@' is empty"]),
+        ("ben@", ["'ben@'", "not a valid host"]),
+        ("ben@h:x", ["'ben@h:x'", "port 'x'"]),
+        ("ben@h:0", ["port '0'"]),
+        ("ben@[::1", ["'[' without ']'"]),
+        ("ben@[::1]x", ["after ']'"]),
+        ("-x@h", ["'-x'"]),
+        ("ben@-h", ["not starting with '-'"]),
+        ("ben@h;ls", ["not a valid host"]),
+    ],
+)
+def test_user_at_host_errors(spec: str, needles: list[str]) -> None:
+    one_line_error(config_error(load_machine, spec), *needles)
+
+
+# ---------------------------------------------------------------------------------------------
+# load_machines
+
+
+def make_machines(var: Path, *names: str, port: int = 22) -> None:
+    for name in names:
+        write(var / f"{name}.yaml", f"ip: {name}.lan\nport: {port}\n")
+
+
+def test_load_machines_ranges_and_exclude(tmp_path: Path) -> None:
+    var = tmp_path / "var"
+    make_machines(var, *(f"gpu{i}" for i in range(1, 9)), "gpu12")
+    ms = load_machines(["gpu[1-8,12]"], exclude=["gpu[3-4]", "gpu12"], search_dirs=[var])
+    assert [m.name for m in ms] == ["gpu1", "gpu2", "gpu5", "gpu6", "gpu7", "gpu8"]
+
+
+def test_load_machines_exclude_matches_display_name(tmp_path: Path) -> None:
+    var = tmp_path / "var"
+    write(var / "a.yaml", "ip: a.lan\nname: alpha\n")
+    write(var / "b.yaml", "ip: b.lan\n")
+    ms = load_machines(["a", "b"], exclude=["alpha"], search_dirs=[var])
+    assert [m.name for m in ms] == ["b"]
+
+
+def test_load_machines_excluded_specs_are_never_loaded(tmp_path: Path) -> None:
+    var = tmp_path / "var"
+    make_machines(var, "ok")
+    write(var / "broken.yaml", "ip: [\n")
+    assert [
+        m.name for m in load_machines(["ok", "broken"], exclude=["broken"], search_dirs=[var])
+    ] == ["ok"]
+
+
+def test_load_machines_range_of_user_at_host() -> None:
+    ms = load_machines(["ben@gpu[1-2]:2222", "ben@[::1]:22"])
+    assert [(m.host, m.port) for m in ms] == [("gpu1", 2222), ("gpu2", 2222), ("::1", 22)]
+
+
+def test_load_machines_file_with_brackets_in_name(tmp_path: Path) -> None:
+    write(Path("odd[1].yaml"), "ip: odd\n")
+    assert load_machines(["odd[1].yaml"])[0].host == "odd"
+
+
+@pytest.mark.parametrize(
+    ("specs", "exclude", "needles"),
+    [
+        (
+            ["a", "a"],
+            [],
+            ["'a' and 'a'", "both connect to localuser@a.lan:22", "list each machine once"],
+        ),
+        (["a", "a2"], [], ["'a' and 'a2'", "A.LAN:22"]),
+        (["a", "localuser@a.lan"], [], ["'a' and 'localuser@a.lan'"]),
+        (["a", "sub/a"], [], ["same name 'a'", "name:"]),
+        (["a"], ["a"], ["every machine was excluded"]),
+        (["a", "b"], ["c"], ["exclude 'c' matches no machine", "a,b"]),
+        ([], [], ["no machines given"]),
+        (["gpu[2-1]"], [], ["'gpu[2-1]'", "2-1"]),
+        (["nothere"], [], ["no machine 'nothere'"]),
+    ],
+)
+def test_load_machines_errors(
+    tmp_path: Path, specs: list[str], exclude: list[str], needles: list[str]
+) -> None:
+    var = tmp_path / "var"
+    make_machines(var, "a", "b")
+    write(var / "a2.yaml", "ip: A.LAN\n")
+    write(var / "sub" / "a.yaml", "ip: other.lan\n")
+    message = config_error(load_machines, specs, exclude=exclude, search_dirs=[var])
+    one_line_error(message, *needles)

@@ -1,0 +1,123 @@
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from ssh_scheduler.errors import ConfigError
+from ssh_scheduler.hostlist import MAX_EXPANSION, expand, fold
+
+
+@pytest.mark.parametrize(
+    ("pattern", "expected"),
+    [
+        ("gpu1", ["gpu1"]),
+        ("gpu[1-3]", ["gpu1", "gpu2", "gpu3"]),
+        ("gpu[1-3,12]", ["gpu1", "gpu2", "gpu3", "gpu12"]),
+        ("gpu[1-8,12]", [f"gpu{i}" for i in range(1, 9)] + ["gpu12"]),
+        ("n[01-10]", [f"n{i:02d}" for i in range(1, 11)]),
+        ("n[8-10]", ["n8", "n9", "n10"]),
+        ("n[098-100]", ["n098", "n099", "n100"]),
+        ("n[0-2]", ["n0", "n1", "n2"]),
+        ("r[1-2]n[1-2]", ["r1n1", "r1n2", "r2n1", "r2n2"]),
+        ("a,b[1-2]", ["a", "b1", "b2"]),
+        ("a, b[1-2] ", ["a", "b1", "b2"]),
+        ("gpu[1-3,2]", ["gpu1", "gpu2", "gpu3"]),  # duplicates dropped, first kept
+        ("a,a", ["a"]),
+        ("[1-2]x", ["1x", "2x"]),
+        ("gpu[1-2].lan", ["gpu1.lan", "gpu2.lan"]),
+        ("ben@gpu[1-2]:2222", ["ben@gpu1:2222", "ben@gpu2:2222"]),
+        ("machines/m[1-2].yaml", ["machines/m1.yaml", "machines/m2.yaml"]),
+        ("x[5]", ["x5"]),
+        ("x[ 1 - 2 ]".replace(" - ", "-"), ["x1", "x2"]),
+        ("10.0.0.[1-3]", ["10.0.0.1", "10.0.0.2", "10.0.0.3"]),
+    ],
+)
+def test_expand(pattern: str, expected: list[str]) -> None:
+    assert expand(pattern) == expected
+
+
+@pytest.mark.parametrize(
+    ("pattern", "needle"),
+    [
+        ("gpu[3-1]", "3-1"),
+        ("gpu[", "never closed"),
+        ("gpu[1-2", "never closed"),
+        ("gpu1-2]", "without a matching"),
+        ("gpu[a-b]", "'a-b'"),
+        ("gpu[1-]", "'1-'"),
+        ("gpu[-3]", "'-3'"),
+        ("gpu[]", "empty brackets"),
+        ("gpu[1,,2]", "''"),
+        ("gpu[[1-2]]", "nested"),
+        ("", "empty host pattern"),
+        ("   ", "empty host pattern"),
+        ("a,,b", "empty name"),
+        ("a,", "empty name"),
+        ("n[1-100000000000]", "limit"),
+        ("n[1-1000]m[1-1000]", "limit"),
+        ("a[1-60000],b[1-60000]", "limit"),
+    ],
+)
+def test_expand_errors(pattern: str, needle: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        expand(pattern)
+    message = str(info.value)
+    assert needle in message
+    assert "\n" not in message
+    assert "(" in message  # says how to fix it
+
+
+def test_expand_limit_is_exact() -> None:
+    assert len(expand(f"n[1-{MAX_EXPANSION}]")) == MAX_EXPANSION
+    with pytest.raises(ConfigError):
+        expand(f"n[0-{MAX_EXPANSION}]")
+
+
+@pytest.mark.parametrize(
+    ("names", "expected"),
+    [
+        (["gpu1", "gpu2", "gpu3", "gpu5"], "gpu[1-3,5]"),
+        (["gpu5", "gpu3", "gpu1", "gpu2"], "gpu[1-3,5]"),
+        (["gpu1"], "gpu1"),
+        (["gpu1", "gpu1"], "gpu1"),
+        ([], ""),
+        (["n08", "n09", "n10"], "n[08-10]"),
+        (["n8", "n9", "n10"], "n[8-10]"),
+        (["n1", "n01"], "n[1,01]"),
+        (["a", "b", "gpu2", "gpu1"], "a,b,gpu[1-2]"),
+        (["r1n1", "r1n2", "r2n1"], "r1n[1-2],r2n1"),
+        (["r10n1", "r2n1", "r2n2"], "r2n[1-2],r10n1"),  # prefixes compared numerically
+        (["gpu1.lan", "gpu2.lan", "gpu3"], "gpu3,gpu[1-2].lan"),
+        (["10.0.0.1", "10.0.0.2"], "10.0.0.[1-2]"),
+        (["x9", "x10", "x11", "x13"], "x[9-11,13]"),
+    ],
+)
+def test_fold(names: list[str], expected: str) -> None:
+    assert fold(names) == expected
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    ["gpu[1-3,5]", "n[08-10]", "n[8-10]", "a,b,gpu[1-2]", "x[1,3,5-7,10-12]", "gpu7", "n[001-120]"],
+)
+def test_fold_expand_round_trip(pattern: str) -> None:
+    assert fold(expand(pattern)) == pattern
+
+
+def test_expand_fold_property_random_sets() -> None:
+    rng = random.Random(1234)
+    prefixes = ["gpu", "node-", "r1n", "h", "x.y", ""]
+    suffixes = ["", ".lan", "-ib"]
+    for _ in range(300):
+        names: set[str] = set()
+        for _ in range(rng.randint(1, 25)):
+            width = rng.choice([0, 0, 2, 3])
+            number = rng.randint(0, 150)
+            digits = f"{number:0{width}d}" if width else str(number)
+            names.add(rng.choice(prefixes) + digits + rng.choice(suffixes))
+        if rng.random() < 0.2:
+            names.add(rng.choice(["login", "head", "db"]))
+        folded = fold(names)
+        assert sorted(expand(folded)) == sorted(names), folded
+        assert fold(expand(folded)) == folded
