@@ -1,0 +1,674 @@
+"""Machine virtual resources: pure scoring, placement and reservation on a probed :class:`HostState`.
+
+One :class:`MachineResources` per host keeps what the last probe saw plus what *our* jobs hold.
+A job's :class:`Needs` are reserved by :meth:`MachineResources.allocate` and held until
+:meth:`MachineResources.release`, so two jobs placed back to back never both count the same free
+memory, even before the host is probed again.  :meth:`MachineResources.update` takes a fresh probe
+while jobs run, together with what each of our jobs is observed to use (:class:`OwnUsage`, pids
+and RSS reported by our agent), and counts each job once: its reservation or its observed use,
+whichever is larger.
+
+Accounting rules (all memory in MiB, as ``nvidia-smi`` reports it):
+
+* **RAM**: ``free = MemAvailable + observed_own - sum(max(reservation, observed))`` over our
+  running jobs.  After a re-probe a running job's real use is already missing from MemAvailable,
+  so it is added back and the larger of reservation and use is charged instead.  Before any
+  re-probe (nothing observed) this is ``MemAvailable - sum(reservations)``.  When a job is
+  released its memory is not credited back until the next probe shows it free: conservative.
+* **CPUs**: ``free = cpu_count * cpu_overload - others_load - sum(reserved cpus)``.  The 1-minute
+  load at probe time includes our jobs then running, so ``others_load = load - min(load,
+  cpus reserved by our jobs at probe time)``, fixed until the next probe.  Load from other users
+  above the CPU count makes CPU jobs wait.
+* **GPU memory** on GPU g: ``free = memory.free(g) + observed(our jobs placed on g) -
+  sum(max(reservation, observed))`` over our jobs placed on g, where observed is the
+  ``used_memory`` of g's compute processes whose pid belongs to the job.  Memory of anyone
+  else's process is never free (``memory.free`` already excludes it), and memory of our own
+  processes on a GPU the job was not placed on stays counted as used.  GPUs of different sizes
+  are compared in MiB, never as a fraction of a GPU.
+* **GPU utilization** on g: a job asking ``u`` fits if ``others_util(g) + sum(u of our jobs on g)
+  + u <= 1 + GPU_UTILIZATION_TOLERANCE``.  ``nvidia-smi`` cannot split utilization by process,
+  so ``others_util(g)`` is the probed utilization minus what our jobs then on g reserved, and
+  0 when no process of another user is on g (then the load is ours, already reserved).
+* **reserve_gpu** (default): a GPU takes one reserving job and nothing else, and a GPU that any
+  other user's process is on is never given to a reserving job.  With ``reserve_gpu=False`` jobs
+  share GPUs subject to memory and utilization, but never a GPU one of our jobs reserved.
+* **reserve_machine**: the job runs alone: it fits when none of our jobs runs on the machine and
+  the machine could ever fit it (:meth:`MachineResources.could_ever_fit`); current use by other
+  users is *not* checked, and while it runs nothing else is placed there.  A GPU job gets every
+  GPU in ``gpu_indices``.
+* A zero need never blocks: ``cpus=0`` fits an overloaded host, ``gpu_memory_mb=0`` a full GPU,
+  ``gpu_utilization=0`` a busy one.  ``gpus=0`` means no GPU at all (``gpu_indices=()``).
+
+Cost: ``score``/``allocate``/``release`` are O(#GPUs) with no copying (O(1) when a reserving
+job meets a host whose GPUs are all taken), and the last score per machine is cached until its
+state changes, so :func:`choose` over many machines re-evaluates only those that changed since
+the previous call.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from ssh_scheduler.errors import ConfigError
+from ssh_scheduler.probe import HostState
+
+__all__ = [
+    "DEFAULT_CPU_OVERLOAD",
+    "GPU_UTILIZATION_TOLERANCE",
+    "MachineResources",
+    "Needs",
+    "NoFit",
+    "OwnUsage",
+    "Placement",
+    "choose",
+    "explain_unfit",
+    "max_concurrent",
+]
+
+DEFAULT_CPU_OVERLOAD = 1.25
+"""CPUs are over-committed by this factor: hosts run well a little over capacity (as the ancestor
+tolerated a small overload)."""
+
+GPU_UTILIZATION_TOLERANCE = 0.05
+"""Utilization may add up to this much over a whole GPU: probes are noisy and two jobs at 0.5 on
+a GPU that shows 3 % from a monitoring process should still share it."""
+
+_EPS = 1e-9
+
+
+class NoFit(Exception):
+    """A job does not fit on a machine *now*: an expected scheduling outcome, not a user error.
+
+    Deliberately not a :class:`~ssh_scheduler.errors.SchedulerError`; a job that can *never*
+    fit is reported through :func:`explain_unfit` / ``UnsatisfiableError`` instead.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class Needs:
+    """What one job needs, from the ``execute_batch`` flags.
+
+    ``cpus`` (``--num-cpus``, cores), ``memory_mb`` (``--memory-required``, MiB), ``gpus``
+    (``--gpus-per-job``; 0 for ``--no-gpu-required``), ``gpu_memory_mb``
+    (``--gpu-memory-required``, MiB on *each* GPU), ``gpu_utilization`` (``--gpu-utilization``,
+    fraction of *each* GPU), ``reserve_machine`` (``--reserve``), ``reserve_gpu`` (False for
+    ``--no-reserve-gpu``).  The GPU fields mean nothing when ``gpus`` is 0.
+    """
+
+    cpus: float = 1.0
+    memory_mb: int = 1000
+    gpus: int = 1
+    gpu_memory_mb: int = 1000
+    gpu_utilization: float = 0.0
+    reserve_machine: bool = False
+    reserve_gpu: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("cpus", "gpu_utilization"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise ConfigError(f"{name} must be a finite number >= 0, not {value!r}")
+        for name in ("memory_mb", "gpus", "gpu_memory_mb"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ConfigError(f"{name} must be a whole number >= 0, not {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a job runs: ``gpu_indices`` are ``nvidia-smi`` indices in the probe's order (empty
+    for a job without GPUs); ``gpu_uuids`` are the same GPUs' UUIDs, which also suit
+    ``CUDA_VISIBLE_DEVICES`` and, unlike indices, do not depend on ``CUDA_DEVICE_ORDER``."""
+
+    machine: str
+    job_id: str
+    gpu_indices: tuple[int, ...]
+    needs: Needs
+    gpu_uuids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class OwnUsage:
+    """What one of our running jobs is observed to use, as reported by our agent on the host:
+    its process ids (to recognise its GPU processes) and its total RSS in MiB."""
+
+    pids: frozenset[int]
+    rss_mb: int = 0
+
+
+_NO_USAGE: Mapping[str, OwnUsage] = MappingProxyType({})
+_NO_FIT: tuple[float, tuple[int, ...]] = (-math.inf, ())
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def _cpus(count: float) -> str:
+    return "1 cpu" if count == 1 else f"{count:g} cpus"
+
+
+class MachineResources:
+    """One host's resources as the scheduler sees them: the last probe plus our reservations.
+
+    See the module docstring for how free CPUs, RAM, GPU memory and utilization are counted.
+    """
+
+    __slots__ = (
+        "_cache_gpus",
+        "_cache_needs",
+        "_cache_score",
+        "_cpu_capacity",
+        "_cpu_overload",
+        "_cpu_reserved_milli",
+        "_g_avail",
+        "_g_busy",
+        "_g_holds",
+        "_g_idle",
+        "_g_jobs",
+        "_g_others",
+        "_g_others_util",
+        "_g_total",
+        "_g_util_milli",
+        "_held",
+        "_holder",
+        "_mem_available",
+        "_mem_charge",
+        "_mem_seen",
+        "_mem_total",
+        "_others_load",
+        "_running",
+        "_running_view",
+        "_state",
+        "name",
+    )
+
+    def __init__(
+        self, name: str, state: HostState, *, cpu_overload: float = DEFAULT_CPU_OVERLOAD
+    ) -> None:
+        if not math.isfinite(cpu_overload) or cpu_overload <= 0:
+            raise ConfigError(f"cpu_overload must be a number > 0, not {cpu_overload!r}")
+        self.name = name
+        self._cpu_overload = cpu_overload
+        self._running: dict[str, Placement] = {}
+        self._running_view: Mapping[str, Placement] = MappingProxyType(self._running)
+        # Per running job: (positions of its GPUs in state.gpus, observed RSS, observed memory
+        # on each of those GPUs).
+        self._held: dict[str, tuple[tuple[int, ...], int, tuple[int, ...]]] = {}
+        self._holder: str | None = None
+        # The last evaluation, valid while _cache_needs is set: every change of state resets it.
+        self._cache_needs: Needs | None = None
+        self._cache_score = -math.inf
+        self._cache_gpus: tuple[int, ...] = ()
+        self.update(state)
+
+    # ---------------------------------------------------------------- probe
+
+    def update(self, state: HostState, own: Mapping[str, OwnUsage] = _NO_USAGE) -> None:
+        """Take a fresh probe while jobs run.
+
+        ``own`` maps job ids to what our agent observed for them; a running job missing from it
+        counts as using exactly its reservation.  Entries for jobs no longer running still mark
+        their pids as ours (a finished job's process may linger in the probe) but charge nothing.
+        Running jobs keep their GPUs, found again by UUID.
+        """
+        gpus = state.gpus
+        self._state = state
+        self._cpu_capacity = state.cpu_count * self._cpu_overload
+        self._mem_total = state.mem_total_mb
+        self._mem_available = state.mem_available_mb
+        self._g_total = [gpu.memory_total_mb for gpu in gpus]
+        position_of = {gpu.uuid: position for position, gpu in enumerate(gpus)}
+
+        own_pids: set[int] = set()
+        for usage in own.values():
+            own_pids.update(usage.pids)
+        others = [False] * len(gpus)
+        used_by_pid: dict[tuple[int, int], int] = {}
+        for process in state.gpu_processes:
+            position = position_of.get(process.gpu_uuid)
+            if position is None:
+                continue
+            if process.pid in own_pids:
+                key = (process.pid, position)
+                used_by_pid[key] = used_by_pid.get(key, 0) + process.used_memory_mb
+            else:
+                others[position] = True
+        self._g_others = others
+
+        # GPUs are found again by UUID, which survives renumbering; should a probe ever show
+        # UUIDs that are not unique (a driver that cannot read them), fall back to the index.
+        by_uuid = len(position_of) == len(gpus)
+        position_of_index = {gpu.index: position for position, gpu in enumerate(gpus)}
+        self._held.clear()
+        for job_id, placement in self._running.items():
+            if by_uuid:
+                found = [position_of.get(uuid) for uuid in placement.gpu_uuids]
+            else:
+                found = [position_of_index.get(index) for index in placement.gpu_indices]
+            positions = tuple(position for position in found if position is not None)
+            observed = own.get(job_id)
+            pids = observed.pids if observed is not None else frozenset()
+            self._held[job_id] = (
+                positions,
+                observed.rss_mb if observed is not None else 0,
+                tuple(
+                    sum(used_by_pid.get((pid, position), 0) for pid in pids)
+                    for position in positions
+                ),
+            )
+        self._recount()
+
+        self._others_load = max(0.0, state.load_1m - self._cpu_reserved_milli / 1000)
+        self._g_others_util = [
+            max(0.0, gpu.utilization - self._g_util_milli[position] / 1000)
+            if others[position]
+            else 0.0
+            for position, gpu in enumerate(gpus)
+        ]
+        self._g_busy = [
+            other + own / 1000
+            for other, own in zip(self._g_others_util, self._g_util_milli, strict=True)
+        ]
+        self._cache_needs = None
+
+    def _recount(self) -> None:
+        """Rebuild every sum from the running jobs (only after a probe; O(jobs))."""
+        count = len(self._state.gpus)
+        self._cpu_reserved_milli = 0
+        self._mem_charge = 0
+        self._mem_seen = 0
+        self._g_avail = [gpu.memory_free_mb for gpu in self._state.gpus]
+        self._g_util_milli = [0] * count
+        self._g_jobs = [0] * count
+        self._g_holds = [0] * count
+        self._g_idle = self._g_others.count(False)
+        # Placeholders until update() can split utilization into ours and others'.
+        self._g_others_util = [0.0] * count
+        self._g_busy = [0.0] * count
+        for job_id, placement in self._running.items():
+            self._charge(placement.needs, self._held[job_id], +1)
+
+    def _charge(
+        self, needs: Needs, held: tuple[tuple[int, ...], int, tuple[int, ...]], sign: int
+    ) -> None:
+        """Add (+1) or remove (-1) one running job's share of every sum."""
+        positions, rss, seen_gpu = held
+        # CPUs and utilization are summed as integer thousandths so that allocate + release
+        # restores the totals exactly (float sums drift, and could flip a later fit decision).
+        self._cpu_reserved_milli += sign * round(needs.cpus * 1000)
+        # Observed use is already missing from MemAvailable: charge only what the reservation
+        # adds on top of it (nothing once the job uses more than it reserved).
+        self._mem_charge += sign * max(needs.memory_mb, rss)
+        self._mem_seen += sign * rss
+        if not positions:
+            return
+        gpu_memory = needs.gpu_memory_mb
+        util = sign * round(needs.gpu_utilization * 1000)
+        hold = sign if needs.reserve_gpu else 0
+        avail = self._g_avail
+        util_milli = self._g_util_milli
+        busy = self._g_busy
+        others_util = self._g_others_util
+        jobs = self._g_jobs
+        for position, seen in zip(positions, seen_gpu, strict=True):
+            avail[position] -= sign * (max(gpu_memory, seen) - seen)
+            util_milli[position] += util
+            busy[position] = others_util[position] + util_milli[position] / 1000
+            before = jobs[position]
+            jobs[position] = before + sign
+            self._g_holds[position] += hold
+            # _g_idle counts GPUs with no job of ours and no other user: what reserving jobs
+            # can take, so a host whose GPUs are all taken answers them in O(1).
+            if not self._g_others[position] and (before == 0 or before + sign == 0):
+                self._g_idle -= sign
+
+    # ---------------------------------------------------------------- views
+
+    @property
+    def state(self) -> HostState:
+        """The latest probe."""
+        return self._state
+
+    @property
+    def cpu_overload(self) -> float:
+        """The factor CPUs are over-committed by."""
+        return self._cpu_overload
+
+    @property
+    def running(self) -> Mapping[str, Placement]:
+        """Our jobs holding resources here, by job id (a read-only live view)."""
+        return self._running_view
+
+    @property
+    def free_cpus(self) -> float:
+        """CPUs left for new jobs (may be negative when other users overload the host)."""
+        return self._cpu_capacity - self._others_load - self._cpu_reserved_milli / 1000
+
+    @property
+    def free_memory_mb(self) -> int:
+        """RAM left for new jobs, in MiB."""
+        return self._mem_available + self._mem_seen - self._mem_charge
+
+    @property
+    def gpu_free_memory_mb(self) -> tuple[int, ...]:
+        """GPU memory left for new jobs on each GPU, in MiB, in ``state.gpus`` order."""
+        return tuple(self._g_avail)
+
+    def capacity_summary(self) -> str:
+        """One line for the run header, e.g.
+        ``16 cpus (load 0.52), 128398/128887 MiB free, GPUs 0:81079/81559 MiB``."""
+        state = self._state
+        parts = [
+            f"{state.cpu_count} cpus (load {state.load_1m:.2f})",
+            f"{self.free_memory_mb}/{state.mem_total_mb} MiB free",
+        ]
+        if state.gpus:
+            gpus = " ".join(
+                f"{gpu.index}:{free}/{gpu.memory_total_mb} MiB"
+                + (" (other users)" if other else "")
+                for gpu, free, other in zip(state.gpus, self._g_avail, self._g_others, strict=True)
+            )
+            parts.append(f"GPUs {gpus}")
+        elif state.gpu_error:
+            parts.append(f"no GPUs ({state.gpu_error})")
+        else:
+            parts.append("no GPUs")
+        if self._holder is not None:
+            parts.append(f"reserved by {self._holder}")
+        return ", ".join(parts)
+
+    # ---------------------------------------------------------------- fitting
+
+    def could_ever_fit(self, needs: Needs) -> bool:
+        """Whether the job fits this machine empty and free of other users: against
+        ``cpu_count * cpu_overload``, ``mem_total_mb``, each GPU's ``memory.total`` and the
+        number of GPUs.  Used to reject impossible jobs before anything runs."""
+        if needs.cpus > self._cpu_capacity + _EPS or needs.memory_mb > self._mem_total:
+            return False
+        if needs.gpus == 0:
+            return True
+        if needs.gpu_utilization > 1.0 + GPU_UTILIZATION_TOLERANCE + _EPS:
+            return False
+        big_enough = sum(1 for total in self._g_total if total >= needs.gpu_memory_mb)
+        return big_enough >= needs.gpus
+
+    def score(self, needs: Needs) -> float:
+        """How good a place this machine is for the job *now*: ``-math.inf`` if it does not fit,
+        otherwise higher is better.
+
+        The score is the fraction of the bottleneck resource left after placing the job: the
+        least of free CPUs / capacity, free RAM / total, and for GPU jobs 1 - the load of the
+        most loaded chosen GPU, where a GPU's load is the larger of its memory fraction in use
+        and its utilization (ours reserved plus others').  Preferring most headroom spreads jobs
+        evenly over hosts, and choosing the least loaded GPUs spreads them over GPUs.
+        """
+        if needs is not self._cache_needs:
+            self._cache_score, self._cache_gpus = self._evaluate(needs)
+            self._cache_needs = needs
+        return self._cache_score
+
+    def _evaluate(self, needs: Needs) -> tuple[float, tuple[int, ...]]:
+        """The score and the chosen GPU positions (in ``state.gpus``), or :data:`_NO_FIT`."""
+        if self._holder is not None:
+            return _NO_FIT
+        capacity = self._cpu_capacity
+        total_memory = self._mem_total
+        free_cpus = capacity - self._others_load - self._cpu_reserved_milli / 1000
+        free_memory = self._mem_available + self._mem_seen - self._mem_charge
+        if needs.reserve_machine:
+            if self._running or not self.could_ever_fit(needs):
+                return _NO_FIT
+            positions = tuple(range(len(self._g_total))) if needs.gpus else ()
+            # Nothing is enforced beyond "alone", so prefer the host others use least.
+            headroom = min(
+                free_cpus / capacity if capacity > 0 else 0.0,
+                free_memory / total_memory if total_memory > 0 else 0.0,
+            )
+            return headroom, positions
+
+        cpus = needs.cpus
+        if cpus > 0 and cpus > free_cpus + _EPS:
+            return _NO_FIT
+        memory = needs.memory_mb
+        if memory > 0 and memory > free_memory:
+            return _NO_FIT
+        wanted = needs.gpus
+        reserve = needs.reserve_gpu
+        if wanted > (self._g_idle if reserve else len(self._g_total)):
+            return _NO_FIT
+        headroom = min(
+            (free_cpus - cpus) / capacity if capacity > 0 else 0.0,
+            (free_memory - memory) / total_memory if total_memory > 0 else 0.0,
+        )
+        if wanted == 0:
+            return headroom, ()
+
+        gpu_memory = needs.gpu_memory_mb
+        utilization = needs.gpu_utilization
+        limit = 1.0 + GPU_UTILIZATION_TOLERANCE + _EPS - utilization
+        totals = self._g_total
+        avail = self._g_avail
+        busy = self._g_busy
+        jobs = self._g_jobs
+        others = self._g_others
+        candidates: list[tuple[float, int]] = []
+        for position, holds in enumerate(self._g_holds):
+            if holds or (reserve and (jobs[position] or others[position])):
+                continue
+            free = avail[position]
+            if gpu_memory > 0 and gpu_memory > free:
+                continue
+            used = busy[position]
+            if utilization > 0 and used > limit:
+                continue
+            total = totals[position]
+            memory_load = 1.0 - (free - gpu_memory) / total if total > 0 else 1.0
+            load = used + utilization
+            candidates.append((memory_load if memory_load > load else load, position))
+        if len(candidates) < wanted:
+            return _NO_FIT
+        if wanted == 1:
+            load, position = min(candidates)
+            return min(headroom, 1.0 - load), (position,)
+        chosen = sorted(candidates)[:wanted]
+        return min(headroom, 1.0 - chosen[-1][0]), tuple(sorted(p for _, p in chosen))
+
+    def allocate(self, job_id: str, needs: Needs) -> Placement:
+        """Reserve the job's needs here, from now until :meth:`release`, and say where it runs.
+
+        Raises :class:`NoFit` (with the reason) when it does not fit now, and ``ValueError``
+        when ``job_id`` already holds resources here.
+        """
+        if job_id in self._running:
+            raise ValueError(f"job {job_id!r} already holds resources on {self.name}")
+        if needs is not self._cache_needs:
+            self._cache_score, self._cache_gpus = self._evaluate(needs)
+            self._cache_needs = needs
+        if self._cache_score == -math.inf:
+            raise NoFit(f"{job_id} does not fit on {self.name} now: {self._why_not(needs)}")
+        positions = self._cache_gpus
+        gpus = self._state.gpus
+        indices: tuple[int, ...]
+        uuids: tuple[str, ...]
+        if len(positions) == 1:
+            gpu = gpus[positions[0]]
+            indices, uuids = (gpu.index,), (gpu.uuid,)
+        else:
+            indices = tuple(gpus[position].index for position in positions)
+            uuids = tuple(gpus[position].uuid for position in positions)
+        placement = Placement(self.name, job_id, indices, needs, uuids)
+        held = (positions, 0, (0,) * len(positions))
+        self._running[job_id] = placement
+        self._held[job_id] = held
+        self._charge(needs, held, +1)
+        if needs.reserve_machine:
+            self._holder = job_id
+        self._cache_needs = None
+        return placement
+
+    def release(self, job_id: str) -> None:
+        """Give back what the job held; releasing an unknown or released job does nothing."""
+        placement = self._running.pop(job_id, None)
+        if placement is None:
+            return
+        self._charge(placement.needs, self._held.pop(job_id), -1)
+        if self._holder == job_id:
+            self._holder = None
+        self._cache_needs = None
+
+    def _why_not(self, needs: Needs) -> str:
+        """Why the job does not fit now (slow path, for messages only)."""
+        if self._holder is not None:
+            return f"the machine is reserved by {self._holder}"
+        if not self.could_ever_fit(needs):
+            return "it never could: " + explain_unfit([self], needs)
+        if needs.reserve_machine:
+            return f"it must run alone but {len(self._running)} of our jobs hold resources here"
+        if needs.cpus > 0 and needs.cpus > self.free_cpus + _EPS:
+            return f"needs {_cpus(needs.cpus)}, {max(0.0, self.free_cpus):.2f} free"
+        if needs.memory_mb > 0 and needs.memory_mb > self.free_memory_mb:
+            return f"needs {needs.memory_mb} MiB RAM, {max(0, self.free_memory_mb)} MiB free"
+        reasons = []
+        for position, gpu in enumerate(self._state.gpus):
+            free = self._g_avail[position]
+            busy = self._g_busy[position]
+            if self._g_holds[position]:
+                reason = "reserved by our job"
+            elif needs.reserve_gpu and self._g_jobs[position]:
+                reason = "shared by our jobs"
+            elif needs.reserve_gpu and self._g_others[position]:
+                reason = "in use by another user"
+            elif needs.gpu_memory_mb > 0 and needs.gpu_memory_mb > free:
+                reason = f"{max(0, free)} MiB free"
+            elif needs.gpu_utilization > 0 and (
+                busy + needs.gpu_utilization > 1.0 + GPU_UTILIZATION_TOLERANCE + _EPS
+            ):
+                reason = f"{busy:.0%} busy"
+            else:
+                reason = "fits"
+            reasons.append(f"{gpu.index}: {reason}")
+        reserved = " (reserved)" if needs.reserve_gpu else ""
+        return f"needs {_gpu_needs(needs)}{reserved}; GPUs " + ", ".join(reasons)
+
+
+def _gpu_needs(needs: Needs) -> str:
+    text = _plural(needs.gpus, "GPU")
+    if needs.gpu_memory_mb > 0:
+        text += f" with {needs.gpu_memory_mb} MiB" + (" each" if needs.gpus > 1 else "")
+    return text
+
+
+def choose(machines: Sequence[MachineResources], needs: Needs) -> MachineResources | None:
+    """The machine with the best :meth:`~MachineResources.score` for the job, or ``None`` when
+    it fits nowhere now.  Ties go to the smallest machine name, so plans are reproducible."""
+    best: MachineResources | None = None
+    best_score = -math.inf
+    for machine in machines:
+        # Runs once per placed job over every machine, so the cache check is inlined: only the
+        # machines that changed since their last score (usually one or two) are evaluated.
+        score = machine._cache_score if needs is machine._cache_needs else machine.score(needs)
+        # -inf never beats best_score (which starts at -inf), so misfits need no test of their own.
+        if score > best_score or (
+            score == best_score and best is not None and machine.name < best.name
+        ):
+            best, best_score = machine, score
+    return best
+
+
+def max_concurrent(machine: MachineResources, needs: Needs, *, limit: int = 1024) -> int:
+    """How many such jobs fit on the machine at once now, counting what already runs there
+    (for the "machine limits:" header line).  Found by placing jobs until one does not fit, then
+    releasing them: the machine is left as it was.  Jobs that need nothing are capped at
+    ``limit``."""
+    placed: list[str] = []
+    try:
+        while len(placed) < limit and machine.score(needs) > -math.inf:
+            job_id = f"\x00max_concurrent:{len(placed)}"
+            machine.allocate(job_id, needs)
+            placed.append(job_id)
+    finally:
+        for job_id in placed:
+            machine.release(job_id)
+    return len(placed)
+
+
+def _unfit_dimensions(machine: MachineResources, needs: Needs) -> list[tuple[str, float]]:
+    """The needs the machine could never meet, each with capacity/need (how close it comes)."""
+    state = machine.state
+    capacity = state.cpu_count * machine.cpu_overload
+    failed: list[tuple[str, float]] = []
+    if needs.cpus > capacity + _EPS:
+        failed.append(("cpus", capacity / needs.cpus))
+    if needs.memory_mb > state.mem_total_mb:
+        failed.append(("memory", state.mem_total_mb / needs.memory_mb))
+    if needs.gpus > 0:
+        big_enough = sum(1 for gpu in state.gpus if gpu.memory_total_mb >= needs.gpu_memory_mb)
+        if big_enough < needs.gpus:
+            largest = max((gpu.memory_total_mb for gpu in state.gpus), default=0)
+            closeness = min(len(state.gpus) / needs.gpus, 1.0) * min(
+                largest / needs.gpu_memory_mb if needs.gpu_memory_mb else 1.0, 1.0
+            )
+            failed.append(("gpus", closeness))
+    return failed
+
+
+def _has(machine: MachineResources, dimension: str, needs: Needs) -> str:
+    state = machine.state
+    if dimension == "cpus":
+        capacity = state.cpu_count * machine.cpu_overload
+        return f"{state.cpu_count} cpus ({capacity:g} with overload {machine.cpu_overload:g})"
+    if dimension == "memory":
+        return f"{state.mem_total_mb} MiB RAM"
+    if not state.gpus:
+        return "no GPUs" + (f" ({state.gpu_error})" if state.gpu_error else "")
+    sizes = sorted({gpu.memory_total_mb for gpu in state.gpus}, reverse=True)
+    text = f"{_plural(len(state.gpus), 'GPU')} with "
+    if len(sizes) == 1:
+        return text + f"{sizes[0]} MiB"
+    big_enough = sum(1 for gpu in state.gpus if gpu.memory_total_mb >= needs.gpu_memory_mb)
+    return text + f"{'/'.join(map(str, sizes))} MiB ({big_enough} with enough memory)"
+
+
+def _wants(dimension: str, needs: Needs) -> str:
+    if dimension == "cpus":
+        return _cpus(needs.cpus)
+    if dimension == "memory":
+        return f"{needs.memory_mb} MiB RAM"
+    return _gpu_needs(needs)
+
+
+def explain_unfit(machines: Sequence[MachineResources], needs: Needs) -> str:
+    """One line saying why no machine could *ever* fit the job, naming the largest host, e.g.
+    ``needs 2 GPUs with 90000 MiB each; the largest host gpu1 has 2 GPUs with 81559 MiB``.
+
+    "Largest" is the host that fails the fewest needs and comes closest on those.  If some
+    machine could fit the job the line says which (the job only has to wait).
+    """
+    if not machines:
+        return "there are no machines to run on"
+    for machine in sorted(machines, key=lambda m: m.name):
+        if machine.could_ever_fit(needs):
+            return f"{machine.name} could fit it once it has room"
+    if needs.gpus > 0 and needs.gpu_utilization > 1.0 + GPU_UTILIZATION_TOLERANCE + _EPS:
+        return (
+            f"needs GPU utilization {needs.gpu_utilization:g} of each GPU, more than a whole GPU "
+            "(ask for more GPUs per job instead)"
+        )
+
+    def closeness(machine: MachineResources) -> tuple[int, float, str]:
+        failed = _unfit_dimensions(machine, needs)
+        return len(failed), -math.prod(ratio for _, ratio in failed), machine.name
+
+    largest = min(machines, key=closeness)
+    dimensions = [dimension for dimension, _ in _unfit_dimensions(largest, needs)]
+    line = (
+        f"needs {', '.join(_wants(d, needs) for d in dimensions)}; the largest host "
+        f"{largest.name} has {', '.join(_has(largest, d, needs) for d in dimensions)}"
+    )
+    if "gpus" in dimensions and not any(machine.state.gpus for machine in machines):
+        line += " (no host has a usable GPU: use --no-gpu-required for CPU-only jobs)"
+    return line
