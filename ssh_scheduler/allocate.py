@@ -17,8 +17,9 @@ Accounting rules (all memory in MiB, as ``nvidia-smi`` reports it):
   released its memory is not credited back until the next probe shows it free: conservative.
 * **CPUs**: ``free = cpu_count * cpu_overload - others_load - sum(reserved cpus)``.  The 1-minute
   load at probe time includes our jobs then running, so ``others_load = load - min(load,
-  cpus reserved by our jobs at probe time)``, fixed until the next probe.  Load from other users
-  above the CPU count makes CPU jobs wait.
+  cpus reserved by our jobs at probe time)``, capped at ``cpu_count - 1`` (a busy host keeps at
+  least one core's room, so a lagging load average cannot starve a batch), fixed until the next
+  probe.
 * **GPU memory** on GPU g: ``free = memory.free(g) + observed(our jobs placed on g) -
   sum(max(reservation, observed))`` over our jobs placed on g, where observed is the
   ``used_memory`` of g's compute processes whose pid belongs to the job.  Memory of anyone
@@ -262,7 +263,13 @@ class MachineResources:
             )
         self._recount()
 
-        self._others_load = max(0.0, state.load_1m - self._cpu_reserved_milli / 1000)
+        # The load average lags and counts everything runnable; capping other users' share at
+        # cpu_count - 1 keeps at least one core's room on a busy host instead of starving the
+        # batch forever (the ancestor's "small overload is tolerated").
+        self._others_load = min(
+            max(0.0, state.load_1m - self._cpu_reserved_milli / 1000),
+            max(0.0, state.cpu_count - 1.0),
+        )
         self._g_others_util = [
             max(0.0, gpu.utilization - self._g_util_milli[position] / 1000)
             if others[position]

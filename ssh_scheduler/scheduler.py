@@ -36,6 +36,7 @@ from .transfer import CopyLimits, ForwardSet, Hasher, HostCache, collect_forward
 from .transport import Transport, connect, describe
 
 Printer = Callable[[str], None]
+MIN_PROBE_GAP = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,11 +268,16 @@ class Batch:
             host.resources.update(state, usage)
 
     async def _reprobe_loop(self) -> None:
+        """Re-probe on a timer and when a job ends, at most once per ``MIN_PROBE_GAP`` seconds
+        (ends during a probe fold into the next one), so a burst of short jobs cannot keep the
+        hosts busy probing."""
         while True:
-            with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
-                await asyncio.wait_for(self.reprobe_now.wait(), self.options.probe_interval)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.options.probe_interval):
+                    await self.reprobe_now.wait()
             self.reprobe_now.clear()
             await self._probe_all()
+            await asyncio.sleep(MIN_PROBE_GAP)
 
     # -- planning ---------------------------------------------------------------------------------
     def _usable(self) -> list[MachineResources]:

@@ -131,7 +131,7 @@ def test_nofit_is_not_a_scheduler_error() -> None:
     ("state", "needs", "reason"),
     [
         (host(mem_available=500), CPU_ONLY, "needs 1000 MiB RAM, 500 MiB free"),
-        (host(load=9.5), CPU_ONLY, "needs 1 cpu, 0.50 free"),
+        (host(load=9.5), Needs(gpus=0, cpus=4), "needs 4 cpus, 3.00 free"),
         (host(), Needs(), "never could: needs 1 GPU with 1000 MiB"),
         (
             host(gpus=(gpu(0, free=500), gpu(1))),
@@ -242,7 +242,8 @@ def test_update_keeps_placements_by_uuid() -> None:
         (0.0, 1.0, 10),  # 8 cpus * 1.25
         (4.0, 1.0, 6),
         (4.0, 4.0, 1),
-        (12.0, 1.0, 0),  # other users overload the host: CPU jobs wait
+        (12.0, 1.0, 3),  # others overload the host: their share is capped at cpus - 1
+        (12.0, 4.0, 0),  # ... so only small jobs still fit
         (12.0, 0.0, 1024),  # a job that needs no CPU still fits (capped count)
         (0.0, 0.5, 20),
     ],
