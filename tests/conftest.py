@@ -1,0 +1,98 @@
+"""Shared pytest fixtures for the SSH test cluster (implementation: tests/cluster).
+
+* ``cluster4`` (session): 4 hosts h1..h4, each with 2 simulated GPUs named
+  "NVIDIA H100 80GB HBM3" but with 16000 MiB (15520 MiB free when idle: 480 MiB reserved,
+  like the real card), 16384 MiB RAM (12000 MiB available), 4 CPUs, MaxSessions 10.
+  After every test that used it, ``Cluster.reset()`` undoes faults and resource changes
+  (thaw, heal, clear latency, restart crashed hosts/sshd, release ``hold_gpu`` holds,
+  restore sshd limits/meminfo/loadavg) and kills the login users' leftover processes;
+  files in homes are kept (``cluster4.reset(wipe_homes=True)`` empties them).
+* ``make_cluster(specs, **kw)`` (function): start extra clusters (``start_cluster``
+  arguments); all are stopped when the test ends.
+
+Tests using these fixtures get the ``cluster`` marker automatically.  Mark a test
+``@pytest.mark.namespaces`` if it needs the namespaced (root) cluster: without root it is
+skipped, or failed when ``CI=true``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from tests.cluster import (
+    Cluster,
+    GpuSpec,
+    HostSpec,
+    namespaces_available,
+    skip_or_fail,
+    sshd_available,
+    start_cluster,
+)
+
+CLUSTER_FIXTURES = ("cluster4", "make_cluster")
+
+
+def cluster4_specs() -> list[HostSpec]:
+    return [
+        HostSpec(gpus=[GpuSpec(name="NVIDIA H100 80GB HBM3", memory_mb=16000) for _ in range(2)])
+        for _ in range(4)
+    ]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "namespaces: needs the namespaced (root) SSH test cluster; skipped without root, failed if CI=true",
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if any(f in getattr(item, "fixturenames", ()) for f in CLUSTER_FIXTURES):
+            item.add_marker(pytest.mark.cluster)
+
+
+def _require_sshd() -> None:
+    if not sshd_available():
+        skip_or_fail(
+            "the SSH test cluster needs /usr/sbin/sshd and ssh-keygen (Debian: openssh-server)"
+        )
+
+
+@pytest.fixture(scope="session")
+def cluster4() -> Iterator[Cluster]:
+    _require_sshd()
+    cluster = start_cluster(cluster4_specs())
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def make_cluster() -> Iterator[Callable[..., Cluster]]:
+    made: list[Cluster] = []
+
+    def make(specs: list[HostSpec] | int, **kwargs: object) -> Cluster:
+        _require_sshd()
+        cluster = start_cluster(specs, **kwargs)  # type: ignore[arg-type]
+        made.append(cluster)
+        return cluster
+
+    try:
+        yield make
+    finally:
+        for cluster in made:
+            cluster.stop()
+
+
+@pytest.fixture(autouse=True)
+def _cluster_hygiene(request: pytest.FixtureRequest) -> Iterator[None]:
+    if request.node.get_closest_marker("namespaces") and not namespaces_available():
+        skip_or_fail("needs root for the namespaced SSH test cluster")
+    shared = request.getfixturevalue("cluster4") if "cluster4" in request.fixturenames else None
+    yield
+    if shared is not None:
+        shared.reset()
