@@ -42,7 +42,7 @@ CACHE_DIR = "cache"
 JOBS_DIR = "jobs"
 
 
-class Agent(object):
+class Agent:
     def __init__(self, root):
         self.root = os.path.abspath(os.path.expanduser(root))
         self.cache = os.path.join(self.root, CACHE_DIR)
@@ -53,6 +53,7 @@ class Agent(object):
         self.out = None  # asyncio.StreamWriter-like with write()
         self.closing = False
         self.idle = None  # a future resolved when the last job ends, while saying goodbye
+        self.tasks = set()
         self.shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
         for sub in (self.cache, os.path.join(self.root, JOBS_DIR)):
             os.makedirs(sub, mode=0o700, exist_ok=True)
@@ -102,7 +103,9 @@ class Agent(object):
             if handler is None:
                 self.send({"ev": "error", "id": req.get("id"), "message": "unknown op %r" % op})
                 continue
-            asyncio.ensure_future(self.guard(handler, req))
+            task = asyncio.ensure_future(self.guard(handler, req))
+            self.tasks.add(task)  # keep a reference until it ends (the loop holds only weak ones)
+            task.add_done_callback(self.tasks.discard)
         if self.closing:
             await self.wait_jobs()
         else:
@@ -262,7 +265,7 @@ class Agent(object):
         self.signal_group(proc, signal.SIGKILL)
         try:
             await asyncio.wait_for(asyncio.shield(protocol.drained), 2.0)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass  # something left the group (setsid) holding our pipe: don't wait for it
         protocol.close_files()
         code = transport.get_returncode()
@@ -332,7 +335,7 @@ class Agent(object):
         self.send({"ev": "removed", "id": req["id"]})
 
 
-class JobHandle(object):
+class JobHandle:
     """What the kill paths need of a running job: its pid (= its process group and session)."""
 
     def __init__(self, transport):
@@ -421,7 +424,7 @@ def walk(start, base):
             continue
 
 
-class BlockingWriter(object):
+class BlockingWriter:
     def __init__(self, fd):
         self.fd = fd
 

@@ -150,6 +150,8 @@ def execute_batch(
     except asyncio.CancelledError:
         err_line("cancelled: running jobs were killed")
         raise typer.Exit(130) from None
+    if not dry_run:
+        err_line(summary.describe())
     if summary.failed:
         err_line(f"{len(summary.failed)} of {len(summary.outcomes)} jobs failed; see {results_dir}/<job>.err")
     raise typer.Exit(summary.exit_code)

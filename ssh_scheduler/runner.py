@@ -101,7 +101,7 @@ class HostSession:
         try:
             await self._send(obj)
             reply = await asyncio.wait_for(future, timeout)
-        except (TimeoutError, asyncio.TimeoutError):
+        except TimeoutError:
             raise ConnectionLostError(
                 f"{describe(self.machine)}: the agent did not answer {obj['op']!r} in {timeout:g} s"
             ) from None

@@ -17,7 +17,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .allocate import MachineResources, Needs, OwnUsage, Placement, choose, explain_unfit, max_concurrent
+from .allocate import (
+    MachineResources,
+    Needs,
+    OwnUsage,
+    Placement,
+    choose,
+    explain_unfit,
+    max_concurrent,
+)
 from .batch import Job
 from .config import Machine
 from .errors import (
@@ -32,7 +40,15 @@ from .errors import (
 from .journal import Journal
 from .probe import PROBE_COMMAND, HostState, parse_probe_output
 from .runner import DEFAULT_LEASE, HostSession
-from .transfer import CopyLimits, ForwardSet, Hasher, HostCache, collect_forward, fetch_back, send_forward
+from .transfer import (
+    CopyLimits,
+    ForwardSet,
+    Hasher,
+    HostCache,
+    collect_forward,
+    fetch_back,
+    send_forward,
+)
 from .transport import Transport, connect, describe
 
 Printer = Callable[[str], None]
@@ -87,6 +103,14 @@ class BatchSummary:
     @property
     def exit_code(self) -> int:
         return 1 if self.failed or self.cancelled else 0
+
+    def describe(self) -> str:
+        finished = len(self.outcomes) - len(self.failed)
+        return (
+            f"done: {finished} finished, {len(self.failed)} failed, {len(self.skipped)} skipped; "
+            f"sent {self.bytes_uploaded} bytes in {self.files_uploaded} files, "
+            f"received {self.bytes_downloaded} bytes"
+        )
 
 
 @dataclass(slots=True)
@@ -162,6 +186,7 @@ class Batch:
         self.needs = options.needs
         self.journal: Journal | None = None
         self._main: asyncio.Task[BatchSummary] | None = None
+        self._last_wait_reason = ""
 
     # -- public -----------------------------------------------------------------------------------
     async def run(self) -> BatchSummary:
@@ -336,6 +361,8 @@ class Batch:
                 if placed is None:
                     if not running and not any(h.usable for h in self.hosts.values()):
                         raise TransportError("every host is down; the remaining jobs were not run")
+                    if not running:
+                        self._say_waiting(pending[0])
                     self.capacity.clear()
                     await self.capacity.wait()
                     continue
@@ -359,6 +386,18 @@ class Batch:
                     running.add(task)
                     task.add_done_callback(running.discard)
             prober.cancel()
+
+    def _say_waiting(self, job: Job) -> None:
+        """Nothing of ours runs and still nothing fits: other users hold the room.  Say so once
+        per change of reason, rather than sitting silent."""
+        reason = "; ".join(
+            f"{h.machine.name}: {h.resources.capacity_summary()}"
+            for h in self.hosts.values()
+            if h.usable and h.resources is not None
+        )
+        if reason != self._last_wait_reason:
+            self._last_wait_reason = reason
+            self.err(f"waiting: no host has room for {job.name} now ({reason})")
 
     def _place(self, job: Job) -> Placement | None:
         avoid = set(self.attempts.get(job.name, ()))
@@ -403,7 +442,12 @@ class Batch:
                 job.name,
                 job.command,
                 cwd=jobdir,
-                env={"CUDA_VISIBLE_DEVICES": gpus, "SSH_SCHEDULER_JOB": job.name},
+                # nvidia-smi numbers GPUs in PCI order; CUDA's default order may differ.
+                env={
+                    "CUDA_VISIBLE_DEVICES": gpus,
+                    "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+                    "SSH_SCHEDULER_JOB": job.name,
+                },
                 out_path=None,
                 err_path=None,
                 on_output=lambda fd, data: os.write(fds[fd], data),

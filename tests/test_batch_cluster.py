@@ -1,0 +1,212 @@
+"""execute_batch end to end on the SSH test cluster (issue 3's acceptance), through the real CLI."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from tests.cluster import Cluster
+
+REPO = Path(__file__).resolve().parents[1]
+EXECUTE_BATCH = [sys.executable, "-m", "ssh_scheduler", "execute_batch"]
+
+ANCESTOR_BATCH = """\
+echo "one job"
+echo "jobs will tell you if they fail" && exit 1
+echo "another job" && echo "a combined job (bash syntax applies)"
+bash local.sh && echo "you can also call local files because they are copied by the remote by the default value of --copy-forwards"
+"""
+
+
+def run_batch(cwd: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run(
+        [*EXECUTE_BATCH, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def machines(cluster: Cluster, count: int | None = None) -> list[str]:
+    return ["--machines", *(str(p) for p in cluster.machine_files[:count])]
+
+
+def test_ancestor_example_on_two_hosts(cluster4: Cluster, tmp_path: Path) -> None:
+    (tmp_path / "batch_script.sh").write_text(ANCESTOR_BATCH)
+    result = run_batch(tmp_path, "batch_script.sh", *machines(cluster4, 2), "--memory-required=2000")
+    assert result.returncode == 1, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("machine limits:  {")
+    assert lines[1] == "machine gpu choices: [[0, 1], [0, 1]]"
+    started = [line for line in lines if line.startswith("started: ")]
+    assert len(started) == 4
+    assert all(re.match(r"started: batch_script\.sh\.\d;  export CUDA_VISIBLE_DEVICES=[01] && ", s) for s in started)
+    assert "finished: batch_script.sh.1; echo \"one job\"" in lines
+    assert any(line.startswith('failed: batch_script.sh.2; echo "jobs will tell you if they fail" && exit 1  (exit 1 on h') for line in lines)
+    assert any(line.startswith("failed: batch_script.sh.4; bash local.sh") and "(exit 127 on h" in line for line in lines)
+    results = tmp_path / "job_results"
+    for n in range(1, 5):
+        assert (results / f"batch_script.sh.{n}").is_dir()
+        assert (results / f"batch_script.sh.{n}.out").is_file()
+        assert (results / f"batch_script.sh.{n}.err").is_file()
+    assert (results / "batch_script.sh.3.out").read_text() == "another job\na combined job (bash syntax applies)\n"
+    assert "local.sh" in (results / "batch_script.sh.4.err").read_text()
+
+    # Results are never overwritten: a rerun skips every job with the ancestor's warning.
+    again = run_batch(tmp_path, "batch_script.sh", *machines(cluster4, 2))
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("WARNING: job results already exists for line") == 4
+    assert (results / "batch_script.sh.3.out").read_text().startswith("another job")
+
+
+def _intervals(results: Path, count: int) -> list[tuple[str, str, float, float]]:
+    records = []
+    for n in range(1, count + 1):
+        host, gpus, start, end = (results / f"gpus.sh.{n}.out").read_text().split()
+        records.append((host, gpus, float(start), float(end)))
+    return records
+
+
+def test_forty_jobs_two_per_gpu_every_gpu_used(cluster4: Cluster, tmp_path: Path) -> None:
+    # 15520 MiB free per GPU and 7000 MiB per job: exactly two jobs fit on a GPU.  Each job really
+    # holds its memory (gpu_hold registers with the simulated nvidia-smi), so the re-probes see
+    # our own processes and must count each job once.
+    line = (
+        'start=$(date +%s.%N); gpu_hold --mb 7000 --seconds 0.6; '
+        'echo "$(hostname) $CUDA_VISIBLE_DEVICES $start $(date +%s.%N)"'
+    )
+    (tmp_path / "gpus.sh").write_text((line + "\n") * 40)
+    result = run_batch(
+        tmp_path, "gpus.sh", *machines(cluster4), "--gpu-memory-required", "7000",
+        "--no-reserve-gpu", "--memory-required", "100", "--num-cpus", "0.1",
+        "--probe-interval", "0.5",
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    records = _intervals(tmp_path / "job_results", 40)
+    per_gpu: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
+    for host, gpus, start, end in records:
+        assert re.fullmatch(r"[01]", gpus), gpus
+        per_gpu[(host, gpus)].append((start, end))
+    assert len(per_gpu) == 8, sorted(per_gpu)  # every GPU of the 4 hosts was used
+    for key, spans in per_gpu.items():
+        events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
+        level = peak = 0
+        for _, step in events:
+            level += step
+            peak = max(peak, level)
+        assert peak <= 2, f"{key}: {peak} jobs shared the GPU at once"
+    assert max(len(s) for s in per_gpu.values()) >= 3  # GPUs were reused as jobs ended
+
+
+def test_other_users_process_keeps_jobs_off_until_it_ends(cluster4: Cluster, tmp_path: Path) -> None:
+    h1 = cluster4.hosts[0]
+    hold = h1.hold_gpu(0, 15000, util=100)
+    released_at: list[float] = []
+
+    def release_later() -> None:
+        time.sleep(3.0)
+        released_at.append(time.time())
+        hold.release()
+
+    line = 'start=$(date +%s.%N); sleep 0.4; echo "$(hostname) $CUDA_VISIBLE_DEVICES $start $(date +%s.%N)"'
+    (tmp_path / "gpus.sh").write_text((line + "\n") * 30)
+    releaser = threading.Thread(target=release_later)
+    releaser.start()
+    try:
+        result = run_batch(
+            tmp_path, "gpus.sh", *machines(cluster4, 1), "--gpu-memory-required", "4000",
+            "--memory-required", "100", "--num-cpus", "0.1", "--probe-interval", "0.5",
+        )
+    finally:
+        releaser.join()
+        hold.release()
+    assert result.returncode == 0, result.stdout + result.stderr
+    records = _intervals(tmp_path / "job_results", 30)
+    on_held = [r for r in records if r[1] == "0"]
+    assert on_held, "no job moved onto the GPU once the other user's process ended"
+    assert all(start >= released_at[0] - 0.05 for _, _, start, _ in on_held)
+    assert any(r[1] == "1" for r in records)
+
+
+def test_inputs_reach_each_host_once_and_not_again(cluster4: Cluster, tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    (work / "data").mkdir(parents=True)
+    for i in range(20):
+        (work / "data" / f"part{i:02}.bin").write_bytes(os.urandom(1024 * 1024))
+    (work / "batch.sh").write_text(
+        "".join(f"cat data/*.bin | wc -c > size.txt; head -c 1000 data/part{i % 20:02}.bin > mine.bin\n" for i in range(100))
+    )
+    for host in cluster4.hosts:
+        subprocess.run(["rm", "-rf", str(host.home / ".ssh_scheduler" / "cache")], check=True)
+    args = ["batch.sh", *machines(cluster4), "--no-gpu-required", "--memory-required", "50", "--num-cpus", "0.1"]
+    first = run_batch(work, *args)
+    assert first.returncode == 0, first.stdout + first.stderr
+    sent = int(re.search(r"sent (\d+) bytes", first.stderr).group(1))  # type: ignore[union-attr]
+    twenty_mb = 20 * 1024 * 1024
+    assert sent <= 1.1 * 4 * twenty_mb
+    on_disk = 0
+    for host in cluster4.hosts:
+        cache = host.home / ".ssh_scheduler" / "cache"
+        on_disk += sum(p.stat().st_size for p in cache.iterdir())
+    assert twenty_mb * 4 <= on_disk <= 1.1 * 4 * twenty_mb + 4 * 64 * 1024
+    # Results hold what the job made, not the untouched inputs.
+    result_dir = work / "job_results" / "batch.sh.7"
+    assert sorted(p.name for p in result_dir.iterdir()) == ["mine.bin", "size.txt"]
+    assert (result_dir / "size.txt").read_text().strip() == str(twenty_mb)
+    # Remote job directories are removed once their results are home.
+    for host in cluster4.hosts:
+        assert list((host.home / ".ssh_scheduler" / "jobs").iterdir()) == []
+
+    again = run_batch(work, *args, "--results-dir", "job_results_2")
+    assert again.returncode == 0, again.stdout + again.stderr
+    resent = int(re.search(r"sent (\d+) bytes", again.stderr).group(1))  # type: ignore[union-attr]
+    assert resent < 1024 * 1024
+
+
+def test_unsatisfiable_job_is_an_error_before_anything_runs(cluster4: Cluster, tmp_path: Path) -> None:
+    (tmp_path / "b.sh").write_text("touch ran\n")
+    result = run_batch(tmp_path, "b.sh", *machines(cluster4, 2), "--gpu-memory-required", "90000")
+    assert result.returncode == 2
+    error = result.stderr.strip().splitlines()
+    assert len(error) == 1 and error[0].startswith("error: job b.sh.1")
+    assert "h1" in error[0] or "h2" in error[0]
+    assert "started:" not in result.stdout
+    assert not (tmp_path / "job_results" / "b.sh.1").exists()
+
+
+def test_dry_run_prints_the_plan_and_runs_nothing(cluster4: Cluster, tmp_path: Path) -> None:
+    (tmp_path / "b.sh").write_text("touch ran\n" * 6)
+    result = run_batch(tmp_path, "b.sh", *machines(cluster4, 2), "--dry-run")
+    assert result.returncode == 0, result.stderr
+    plan = [line for line in result.stdout.splitlines() if line.startswith("plan: ")]
+    assert len(plan) == 6
+    assert {line.split()[3] for line in plan} == {"h1", "h2"}
+    assert not (tmp_path / "job_results").exists()
+
+
+def test_no_machines_runs_here_without_ssh(tmp_path: Path) -> None:
+    (tmp_path / "b.sh").write_text('echo "hello $CUDA_VISIBLE_DEVICES." > made.txt; cat made.txt\n')
+    env = dict(os.environ, PYTHONPATH=str(REPO), HOME=str(tmp_path / "home"))
+    result = subprocess.run(
+        [*EXECUTE_BATCH, "b.sh", "--no-gpu-required", "--num-cpus", "0"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "job_results" / "b.sh.1.out").read_text() == "hello .\n"
+    assert (tmp_path / "job_results" / "b.sh.1" / "made.txt").read_text() == "hello .\n"
+
+
+@pytest.mark.parametrize("form", ["several", "repeated"])
+def test_machines_flag_takes_several_values_or_repeats(cluster4: Cluster, tmp_path: Path, form: str) -> None:
+    (tmp_path / "b.sh").write_text("hostname\n" * 4)
+    files = [str(p) for p in cluster4.machine_files[:2]]
+    flags = ["--machines", *files] if form == "several" else ["--machines", files[0], "--machines", files[1]]
+    result = run_batch(tmp_path, "b.sh", *flags, "--no-gpu-required", "--num-cpus", "0")
+    assert result.returncode == 0, result.stderr
+    assert "'h1'" in result.stdout.splitlines()[0] or "h1.yaml" in result.stdout.splitlines()[0]
