@@ -383,7 +383,8 @@ class SSHTransport:
                 f"check that the host is up and reachable (or raise connect_timeout)"
             ) from None
         except OSError as exc:
-            reason = exc.strerror or str(exc)
+            # asyncio reports a refused connect as "Connect call failed (...)": say what errno means.
+            reason = os.strerror(exc.errno).lower() if exc.errno else (exc.strerror or str(exc))
             raise HostUnreachableError(
                 f"{describe(machine)}: {reason}; check the address and port, and that sshd runs"
             ) from None
