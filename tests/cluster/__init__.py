@@ -28,6 +28,25 @@ Loopback mode (not root, or ``SSHS_CLUSTER_MODE=loopback``)
     per-host ``workdir``; nvidia-smi via ``SetEnv PATH=...``.  Namespace-only controls raise
     :class:`Unsupported`; tests should call :func:`skip_or_fail` (a failure under CI=true).
 
+API (see the docstrings in ``_impl.py``)
+    start_cluster(specs: list[HostSpec] | int, *, base_dir=None, cluster_id=None, mode=None,
+                  persistent=False, timeout=30) -> Cluster
+    Cluster: hosts, base, known_hosts, key_path, ssh_wrapper, machine_files, machines_dir,
+        cluster_id, namespaces, subnet, started_s; cluster["h2"] / cluster[1] / iter / len;
+        stop() (idempotent), reset(wipe_homes=False), Cluster.load(base), context manager
+    Host: name, index, ip, port, user, uid, home, workdir, machine_file, dir, spec, gpu_uuids;
+        ssh_argv(cmd=None, *, options=()), ssh(cmd, *, timeout=30, options=()),
+        run(cmd, user=None, *, timeout=60, input=None, check=False), processes(),
+        is_running(), sshd_running(), start(), restart(), crash(power_off=False),
+        stop_sshd(), start_sshd(), set_sshd_limits(max_sessions=None, max_startups=None),
+        freeze(whole_host=False), thaw(), cut_network(), heal_network(),
+        set_latency(ms, loss_percent=0), clear_latency(), set_memory(available_mb=None,
+        total_mb=None), set_loadavg(load), hold_gpu(index, mb, util=100, *, user=None,
+        name="python3", oversubscribe=False) -> GpuHold (.pid, .release()),
+        kill_user_processes(), wipe_home(), reset(wipe_home=False)
+    cleanup_leftovers(*, include_persistent=False, only=None), namespaces_available(),
+    sshd_available(), skip_or_fail(reason), in_ci()
+
 Teardown (``Cluster.stop()``, also at interpreter exit and on SIGTERM) removes processes,
 netns, veths, bridge, users and the base dir; ``start_cluster`` first removes leftovers of
 dead owners (machine-wide lock: an abstract unix socket, so nothing is left on disk).
