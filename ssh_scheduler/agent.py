@@ -5,26 +5,34 @@ The coordinator and the agent speak newline-delimited JSON over the channel's st
 
 Why an agent instead of one SSH channel per job: a channel costs sshd a fork and a login shell,
 counts against ``MaxSessions`` and dies with the connection.  The agent costs one fork per job,
-starts each job in its own session/process group (so the whole tree can be killed), writes the
-job's output to files on the host as well as streaming it back, and keeps a *lease*: when the
-coordinator stops talking (connection cut, coordinator killed) for longer than the lease, the
-agent kills every job it started, so no orphan keeps burning a GPU.
+starts each job in its own session/process group, tags it (``SSH_SCHEDULER_TAG`` in its
+environment) so that even descendants that escape the group can be found and killed, and keeps
+each job's output and exit status on the host as well as streaming them back.
+
+Leases and reattachment (the model is HTCondor's job lease): the agent outlives its channel.
+When the coordinator goes quiet (its process killed, its connection cut) the jobs keep running
+for ``lease`` seconds.  A coordinator that comes back starts the bootstrap again with the same
+batch token; finding this agent's unix socket, the new process turns into a byte relay and the
+coordinator talks to the old agent again, which lists its jobs so they can be resumed.  If nobody
+comes back within the lease, the agent kills every job it started and exits: no orphans.
 
 This file must run on the remote python3 (3.8 or newer), so: stdlib only, no 3.9+ syntax, and no
 imports from the rest of the package.
 
 Requests (coordinator -> agent), one JSON object per line, all with an ``op``:
-  hello {lease}                          -> hello {pid, root, python}
+  hello {lease}                          -> hello {pid, root, python, jobs: {job: {running, code}}}
   ping                                   -> (renews the lease; no answer)
   probe {id, cmd}                        -> probe {id, out, rc, own: {job: {pids, rss_mb}}}
   have {id, hashes: [h...], sizes}       -> have {id, missing: [h...]}
-  stage {id, dir, files: [[rel, key]]}   -> staged {id} | error {id, message}
+  stage {id, dir, files: [[rel, key]]}   -> staged {id}
   run {job, cmd, cwd, env, out, err}     -> started {job, pid} ; out {job, fd, data(b64)} ... ;
                                             exit {job, code}
+  resume {job, offsets: [n1, n2]}        -> the output after those offsets, then as run
   kill {job, grace}                      -> (the job's exit event follows)
   manifest {id, dir, job, paths|null}    -> manifest {id, entries: [[rel, kind, size, mode, link]]}
-  remove {id, dir}                       -> removed {id}
-  bye                                    -> kills nothing, exits once jobs are done (orderly end)
+  remove {id, dir, job}                  -> removed {id}  (also forgets the job)
+  sweep {id, prefix}                     -> swept {id}  (removes the batch's leftover job folders)
+  bye                                    -> exits once its jobs are done (orderly end)
 """
 
 import asyncio
@@ -33,6 +41,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import stat
 import sys
 import threading
@@ -40,19 +49,39 @@ import time
 
 CACHE_DIR = "cache"
 JOBS_DIR = "jobs"
+TAG_VAR = "SSH_SCHEDULER_TAG"
 
 
-class Agent:
-    def __init__(self, root):
+class Job(object):
+    def __init__(self, name, tag, out_path, err_path):
+        self.name = name
+        self.tag = tag
+        self.out_path = out_path
+        self.err_path = err_path
+        self.transport = None
+        self.pid = None
+        self.code = None
+        self.subscribed = True
+        self.files = {}
+
+    @property
+    def running(self):
+        return self.code is None
+
+
+class Agent(object):
+    def __init__(self, root, token):
         self.root = os.path.abspath(os.path.expanduser(root))
+        self.token = token or ("t%d" % os.getpid())
         self.cache = os.path.join(self.root, CACHE_DIR)
-        self.jobs = {}  # job name -> asyncio.subprocess.Process
-        self.staged = {}  # job dir -> {rel: (ino, mtime_ns, size)}
+        self.jobs = {}  # job name -> Job (kept after exit until removed)
+        self.staged = {}  # job dir -> {rel: (ino, mtime_ns, size, key)}
         self.lease = 60.0
         self.last_heard = time.monotonic()
-        self.out = None  # asyncio.StreamWriter-like with write()
+        self.client = None  # the coordinator we answer now
+        self.done = None  # resolved by "bye"
         self.closing = False
-        self.idle = None  # a future resolved when the last job ends, while saying goodbye
+        self.idle = None
         self.tasks = set()
         self.shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
         for sub in (self.cache, os.path.join(self.root, JOBS_DIR)):
@@ -60,18 +89,25 @@ class Agent:
 
     # -- plumbing ---------------------------------------------------------------------------------
     def send(self, obj):
+        client = self.client
+        if client is None:
+            return
         data = (json.dumps(obj, separators=(",", ":")) + "\n").encode()
         try:
-            self.out.write(data)
+            client.write(data)
         except Exception:
-            pass
+            self.client = None
 
     def inside_root(self, path):
         real = os.path.realpath(path)
         return real == self.root or real.startswith(self.root + os.sep)
 
-    async def serve(self):
+    async def serve(self, sock_path):
         loop = asyncio.get_event_loop()
+        server = None
+        if sock_path:
+            server = await start_unix_server(self, sock_path)
+        self.kill_orphans()
         reader = asyncio.StreamReader(limit=1 << 26)
         try:
             await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
@@ -81,15 +117,38 @@ class Agent:
             transport, protocol = await loop.connect_write_pipe(
                 asyncio.streams.FlowControlMixin, sys.stdout
             )
-            self.out = asyncio.StreamWriter(transport, protocol, reader, loop)
+            writer = asyncio.StreamWriter(transport, protocol, reader, loop)
         except ValueError:
-            self.out = BlockingWriter(sys.stdout.fileno())
-        # A thread, not a task: it must fire even if the event loop were stuck on a write.
+            writer = BlockingWriter(sys.stdout.fileno())
+        # A thread, not a task: it must fire even if the event loop were stuck.
         threading.Thread(target=self.watchdog, daemon=True).start()
+        self.done = loop.create_future()
+        await self.attach(reader, writer)
+        if not self.closing:
+            await self.done  # detached: wait for a coordinator to come back, or the lease
+        await self.wait_jobs()
+        if server is not None:
+            server.close()
+            try:
+                os.unlink(sock_path)
+            except OSError:
+                pass
+
+    async def attach(self, reader, writer):
+        """Serve one coordinator connection until it ends; a newer one replaces it."""
+        self.client = writer
+        for job in self.jobs.values():
+            job.subscribed = False  # until the new coordinator resumes it
+        self.last_heard = time.monotonic()
         while True:
-            line = await reader.readline()
+            try:
+                line = await reader.readline()
+            except Exception:
+                line = b""
             if not line:
-                break  # the coordinator (or its connection) is gone
+                break
+            if self.client is not writer:
+                return  # replaced by a newer connection
             self.last_heard = time.monotonic()
             try:
                 req = json.loads(line)
@@ -98,18 +157,20 @@ class Agent:
             op = req.get("op")
             if op == "bye":
                 self.closing = True
+                if self.done is not None and not self.done.done():
+                    self.done.set_result(None)
                 break
             handler = getattr(self, "op_" + str(op), None)
             if handler is None:
                 self.send({"ev": "error", "id": req.get("id"), "message": "unknown op %r" % op})
                 continue
             task = asyncio.ensure_future(self.guard(handler, req))
-            self.tasks.add(task)  # keep a reference until it ends (the loop holds only weak ones)
+            self.tasks.add(task)  # keep a reference until it ends (the loop holds weak ones)
             task.add_done_callback(self.tasks.discard)
-        if self.closing:
-            await self.wait_jobs()
-        else:
-            await self.kill_all(grace=min(self.lease, 5.0))
+        if self.client is writer:
+            self.client = None
+            for job in self.jobs.values():
+                job.subscribed = False
 
     async def guard(self, handler, req):
         try:
@@ -119,49 +180,71 @@ class Agent:
                        "message": "%s: %s" % (type(exc).__name__, exc)})
 
     def watchdog(self):
-        # A cut network never delivers EOF; the lease is what frees the host then.
+        # Cut networks never deliver EOF and killed coordinators never say bye: the lease is
+        # what frees the host then.
         while True:
             time.sleep(max(0.2, min(1.0, self.lease / 4.0)))
             if time.monotonic() - self.last_heard > self.lease:
-                procs = list(self.jobs.values())
-                for proc in procs:
-                    self.signal_group(proc, signal.SIGTERM)
-                time.sleep(2.0)
-                for proc in procs:
-                    self.signal_group(proc, signal.SIGKILL)
+                running = [j for j in self.jobs.values() if j.running]
+                for job in running:
+                    self.kill_tree(job, signal.SIGTERM)
+                if running:
+                    time.sleep(2.0)
+                for job in running:
+                    self.kill_tree(job, signal.SIGKILL)
                 os._exit(3)
 
     def jobs_changed(self):
-        if not self.jobs and self.idle is not None and not self.idle.done():
+        if self.idle is not None and not self.idle.done() and not self.running_jobs():
             self.idle.set_result(None)
 
+    def running_jobs(self):
+        return [j for j in self.jobs.values() if j.running]
+
     async def wait_jobs(self):
-        if self.jobs:
+        if self.running_jobs():
             self.idle = asyncio.get_event_loop().create_future()
             await self.idle
 
-    async def kill_all(self, grace):
-        procs = list(self.jobs.values())
-        for proc in procs:
-            self.signal_group(proc, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(p.returncode is None for p in procs):
-            await asyncio.sleep(0.05)
-        for proc in procs:
-            self.signal_group(proc, signal.SIGKILL)
+    # -- killing ----------------------------------------------------------------------------------
+    def kill_tree(self, job, sig):
+        """Signal the job's process group and every process carrying its tag (descendants that
+        called setsid or double-forked out of the group)."""
+        if job.pid is not None:
+            try:
+                os.killpg(job.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for pid in tagged_pids(job.tag, job.pid or 0):
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
 
-    @staticmethod
-    def signal_group(proc, sig):
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+    def kill_orphans(self):
+        """Processes tagged with our batch token that no live agent owns (their agent was
+        killed): a fresh agent for the token ends them."""
+        prefix = self.token + ":"
+        for pid, tag in tagged_processes():
+            if tag.startswith(prefix):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+    async def kill_job(self, job, grace):
+        self.kill_tree(job, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while job.running and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        self.kill_tree(job, signal.SIGKILL)
 
     # -- requests ---------------------------------------------------------------------------------
     async def op_hello(self, req):
         self.lease = float(req.get("lease", self.lease))
+        jobs = dict((j.name, {"running": j.running, "code": j.code}) for j in self.jobs.values())
         self.send({"ev": "hello", "id": req.get("id"), "pid": os.getpid(), "root": self.root,
-                   "python": sys.version.split()[0]})
+                   "python": sys.version.split()[0], "jobs": jobs})
 
     async def op_ping(self, req):
         pass
@@ -175,26 +258,22 @@ class Agent:
                    "rc": proc.returncode, "own": self.own_usage()})
 
     def own_usage(self):
-        """PIDs and resident memory of every process in each of our jobs' sessions."""
-        sessions = dict((p.pid, name) for name, p in self.jobs.items())
-        usage = dict((name, {"pids": [], "rss_mb": 0}) for name in self.jobs)
-        if not sessions:
+        """PIDs and resident memory of every process of each running job (found by its tag)."""
+        by_tag = dict((j.tag, j.name) for j in self.running_jobs())
+        usage = dict((name, {"pids": [], "rss_mb": 0}) for name in by_tag.values())
+        if not by_tag:
             return usage
         page_kb = os.sysconf("SC_PAGE_SIZE") // 1024
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
+        for pid, tag in tagged_processes():
+            name = by_tag.get(tag)
+            if name is None:
                 continue
+            usage[name]["pids"].append(pid)
             try:
-                with open("/proc/%s/stat" % entry) as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                sid = int(fields[3])
-                rss_pages = int(fields[21])
+                with open("/proc/%d/statm" % pid) as f:
+                    usage[name]["rss_mb"] += int(f.read().split()[1]) * page_kb // 1024
             except (OSError, IndexError, ValueError):
-                continue
-            name = sessions.get(sid)
-            if name is not None:
-                usage[name]["pids"].append(int(entry))
-                usage[name]["rss_mb"] += rss_pages * page_kb // 1024
+                pass
         return usage
 
     async def op_have(self, req):
@@ -222,8 +301,12 @@ class Agent:
         jobdir = req["dir"]
         if not self.inside_root(os.path.dirname(jobdir)):
             raise ValueError("job directory outside the work root")
-        os.makedirs(jobdir, mode=0o700, exist_ok=True)
+        if os.path.lexists(jobdir):
+            shutil.rmtree(jobdir, ignore_errors=True)  # left by an earlier, abandoned attempt
+        os.makedirs(jobdir, mode=0o700)
         record = {}
+        for rel in req.get("dirs", ()):
+            os.makedirs(os.path.join(jobdir, rel), exist_ok=True)
         for rel, key in req["files"]:
             target = os.path.join(jobdir, rel)
             parent = os.path.dirname(target)
@@ -236,17 +319,21 @@ class Agent:
                 shutil.copy2(source, target)
             st = os.lstat(target)
             record[rel] = (st.st_ino, st.st_mtime_ns, st.st_size, key)
-        for rel in req.get("dirs", ()):
-            os.makedirs(os.path.join(jobdir, rel), exist_ok=True)
         self.staged[jobdir] = record
         self.send({"ev": "staged", "id": req["id"]})
 
     async def op_run(self, req):
         name = req["job"]
+        old = self.jobs.get(name)
+        if old is not None and old.running:
+            raise ValueError("job %s is already running" % name)
+        job = Job(name, "%s:%s" % (self.token, name), req.get("out"), req.get("err"))
+        self.jobs[name] = job
         env = dict(os.environ)
         env.update(req.get("env") or {})
+        env[TAG_VAR] = job.tag
         loop = asyncio.get_event_loop()
-        protocol = JobProtocol(self, name, req.get("out"), req.get("err"), loop)
+        protocol = JobProtocol(self, job, loop)
         try:
             transport, _ = await loop.subprocess_exec(
                 lambda: protocol, self.shell, "-c", req["cmd"], cwd=req["cwd"], env=env,
@@ -254,39 +341,62 @@ class Agent:
                 stderr=asyncio.subprocess.PIPE, start_new_session=True)
         except OSError as exc:
             protocol.close_files()
+            job.code = 127
             self.send({"ev": "exit", "job": name, "code": 127, "message": str(exc)})
             return
-        proc = JobHandle(transport)
-        self.jobs[name] = proc
-        self.send({"ev": "started", "job": name, "pid": proc.pid})
+        job.transport = transport
+        job.pid = transport.get_pid()
+        self.send({"ev": "started", "job": name, "pid": job.pid})
         await protocol.exited
-        # The shell is gone, but a background grandchild may live on in its group (and hold the
-        # pipes open): end it too, then drain what it wrote before reporting the exit.
-        self.signal_group(proc, signal.SIGKILL)
+        # The shell is gone, but a background grandchild may live on (and hold the pipes open):
+        # end it too, then drain what it wrote before reporting the exit.
+        self.kill_tree(job, signal.SIGKILL)
         try:
             await asyncio.wait_for(asyncio.shield(protocol.drained), 2.0)
-        except TimeoutError:
-            pass  # something left the group (setsid) holding our pipe: don't wait for it
+        except asyncio.TimeoutError:
+            pass
         protocol.close_files()
         code = transport.get_returncode()
         transport.close()
-        self.jobs.pop(name, None)
-        self.jobs_changed()
         if code is None:
             code = 255
         elif code < 0:
             code = 128 - code
-        self.send({"ev": "exit", "job": name, "code": code})
+        job.code = code
+        self.jobs_changed()
+        if job.subscribed:
+            self.send({"ev": "exit", "job": name, "code": code})
+
+    async def op_resume(self, req):
+        """A coordinator that came back takes up a job: what it missed, then live output."""
+        job = self.jobs.get(req["job"])
+        if job is None:
+            self.send({"ev": "exit", "job": req["job"], "code": None, "message": "unknown job"})
+            return
+        offsets = req.get("offsets") or [0, 0]
+        # No await between reading the files and subscribing: nothing is lost or doubled.
+        for fd, path, offset in ((1, job.out_path, offsets[0]), (2, job.err_path, offsets[1])):
+            if not path:
+                continue
+            try:
+                with open(path, "rb") as f:
+                    f.seek(int(offset))
+                    while True:
+                        chunk = f.read(1 << 16)
+                        if not chunk:
+                            break
+                        self.send({"ev": "out", "job": job.name, "fd": fd,
+                                   "data": base64.b64encode(chunk).decode()})
+            except OSError:
+                pass
+        job.subscribed = True
+        if not job.running:
+            self.send({"ev": "exit", "job": job.name, "code": job.code})
 
     async def op_kill(self, req):
-        proc = self.jobs.get(req["job"])
-        if proc is None:
-            return
-        self.signal_group(proc, signal.SIGTERM)
-        deadline = time.monotonic() + float(req.get("grace", 5.0))
-        while proc.returncode is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        self.signal_group(proc, signal.SIGKILL)
+        job = self.jobs.get(req["job"])
+        if job is not None and job.running:
+            await self.kill_job(job, float(req.get("grace", 5.0)))
 
     async def op_manifest(self, req):
         """List what to bring home from a job directory, never following a link.
@@ -314,6 +424,8 @@ class Agent:
                     link = os.readlink(os.path.join(jobdir, rel))
                 if kind == "file" and not explicit:
                     before = staged.get(rel)
+                    if before is None and st.st_nlink > 1 and st.st_mode & 0o222 == 0:
+                        continue  # an input staged by an agent that is gone (resumed batch)
                     if before is not None and before[0] == st.st_ino:
                         if before[1] == st.st_mtime_ns and before[2] == st.st_size:
                             continue  # an untouched input
@@ -329,36 +441,54 @@ class Agent:
 
     async def op_remove(self, req):
         path = req["dir"]
+        job = self.jobs.get(req.get("job") or "")
+        if job is not None:
+            if job.running:
+                await self.kill_job(job, 2.0)
+            for extra in (job.out_path, job.err_path):
+                if extra and self.inside_root(os.path.dirname(extra)):
+                    try:
+                        os.unlink(extra)
+                    except OSError:
+                        pass
+            self.jobs.pop(job.name, None)
         if self.inside_root(os.path.dirname(path)) and os.path.isdir(path):
             shutil.rmtree(path, ignore_errors=True)
         self.staged.pop(path, None)
         self.send({"ev": "removed", "id": req["id"]})
 
 
-class JobHandle:
-    """What the kill paths need of a running job: its pid (= its process group and session)."""
-
-    def __init__(self, transport):
-        self.transport = transport
-        self.pid = transport.get_pid()
-
-    @property
-    def returncode(self):
-        return self.transport.get_returncode()
+    async def op_sweep(self, req):
+        """The batch is over: remove every job folder and output file it left here."""
+        prefix = str(req["prefix"])
+        jobs_dir = os.path.join(self.root, JOBS_DIR)
+        busy = set(j.name for j in self.running_jobs())
+        for name in os.listdir(jobs_dir):
+            if not name.startswith(prefix) or name[len(prefix):].rsplit(".", 1)[0] in busy:
+                continue
+            path = os.path.join(jobs_dir, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+        self.send({"ev": "swept", "id": req["id"]})
 
 
 class JobProtocol(asyncio.SubprocessProtocol):
-    """Output of one job: to files on the host and, live, to the coordinator.
+    """Output of one job: to files on the host and, while subscribed, to the coordinator.
 
     ``process_exited`` fires when the shell exits, even if a grandchild still holds the pipes,
     which is why this is a protocol rather than ``Process.wait()``.
     """
 
-    def __init__(self, agent, name, out_path, err_path, loop):
+    def __init__(self, agent, job, loop):
         self.agent = agent
-        self.name = name
-        self.files = {1: open(out_path, "ab") if out_path else None,
-                      2: open(err_path, "ab") if err_path else None}
+        self.job = job
+        self.files = {1: open(job.out_path, "ab") if job.out_path else None,
+                      2: open(job.err_path, "ab") if job.err_path else None}
         self.exited = loop.create_future()
         self.drained = loop.create_future()
         self.open_pipes = set([1, 2])
@@ -368,8 +498,9 @@ class JobProtocol(asyncio.SubprocessProtocol):
         if copy is not None:
             copy.write(data)
             copy.flush()
-        self.agent.send({"ev": "out", "job": self.name, "fd": fd,
-                         "data": base64.b64encode(data).decode()})
+        if self.job.subscribed:
+            self.agent.send({"ev": "out", "job": self.job.name, "fd": fd,
+                             "data": base64.b64encode(data).decode()})
 
     def pipe_connection_lost(self, fd, exc):
         self.open_pipes.discard(fd)
@@ -384,6 +515,71 @@ class JobProtocol(asyncio.SubprocessProtocol):
         for f in self.files.values():
             if f is not None:
                 f.close()
+
+
+class BlockingWriter(object):
+    def __init__(self, fd):
+        self.fd = fd
+
+    def write(self, data):
+        while data:
+            data = data[os.write(self.fd, data):]
+
+
+def feed_from_file(loop, reader):
+    for line in iter(sys.stdin.buffer.readline, b""):
+        loop.call_soon_threadsafe(reader.feed_data, line)
+    loop.call_soon_threadsafe(reader.feed_eof)
+
+
+async def start_unix_server(agent, path):
+    async def on_client(reader, writer):
+        await agent.attach(reader, writer)
+        try:
+            writer.close()
+        except Exception:
+            pass
+
+    if os.path.exists(path):
+        os.unlink(path)  # a dead agent's socket (connecting to it failed)
+    old_umask = os.umask(0o077)
+    try:
+        return await asyncio.start_unix_server(on_client, path=path, limit=1 << 26)
+    finally:
+        os.umask(old_umask)
+
+
+def tagged_processes(after=0):
+    """(pid, tag) of every process we may read whose environment carries our tag.
+
+    ``after``: only pids above it (a job's descendants were born after it; skipping the rest
+    keeps this cheap on the hot path of every job's end).
+    """
+    needle = (TAG_VAR + "=").encode()
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        if pid == me or pid <= after:
+            continue
+        try:
+            with open("/proc/%s/environ" % entry, "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        start = data.find(needle)
+        if start < 0 or (start > 0 and data[start - 1:start] != b"\0"):
+            continue
+        end = data.find(b"\0", start)
+        value = data[start + len(needle):end if end >= 0 else len(data)]
+        yield int(entry), value.decode("utf-8", "replace")
+
+
+def tagged_pids(tag, after=0):
+    # Pids wrap around; when the job's pid is near the top, scan everything.
+    after = after if after < 4000000 - 100000 else 0
+    return [pid for pid, value in tagged_processes(after) if value == tag]
 
 
 def kind_of(mode):
@@ -424,33 +620,66 @@ def walk(start, base):
             continue
 
 
-class BlockingWriter:
-    def __init__(self, fd):
-        self.fd = fd
-
-    def write(self, data):
-        while data:
-            data = data[os.write(self.fd, data):]
-
-    async def drain(self):
-        pass
+def socket_path(root, token):
+    path = os.path.join(root, "agents", token + ".sock")
+    if len(path.encode()) < 100:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        return path
+    short = "/tmp/ssh_scheduler-%d" % os.getuid()  # unix socket paths are short
+    os.makedirs(short, mode=0o700, exist_ok=True)
+    return os.path.join(short, token + ".sock")
 
 
-def feed_from_file(loop, reader):
-    for line in iter(sys.stdin.buffer.readline, b""):
-        loop.call_soon_threadsafe(reader.feed_data, line)
-    loop.call_soon_threadsafe(reader.feed_eof)
+def relay(path):
+    """If an agent for this token is alive, become a pipe between it and our channel.
+
+    Returns False (nothing done) when no agent answers on the socket.
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+    except OSError:
+        sock.close()
+        return False
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    stdin = sys.stdin.buffer.raw if hasattr(sys.stdin.buffer, "raw") else sys.stdin.buffer
+    in_fd = stdin.fileno()
+    out_fd = sys.stdout.fileno()
+    sel.register(in_fd, selectors.EVENT_READ, "in")
+    sel.register(sock, selectors.EVENT_READ, "sock")
+    while True:
+        for key, _ in sel.select():
+            if key.data == "in":
+                data = os.read(in_fd, 1 << 16)
+                if not data:
+                    return True  # closing the socket detaches us from the agent
+                sock.sendall(data)
+            else:
+                data = sock.recv(1 << 16)
+                if not data:
+                    return True
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(out_fd, view):]
 
 
-def main(root="~/.ssh_scheduler"):
-    agent = Agent(root)
+def main(root="~/.ssh_scheduler", token=""):
+    root_abs = os.path.abspath(os.path.expanduser(root))
+    os.makedirs(root_abs, mode=0o700, exist_ok=True)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # outlive the session that started us
+    path = socket_path(root_abs, token) if token else None
+    if path and relay(path):
+        return
+    agent = Agent(root_abs, token)
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     try:
-        loop.run_until_complete(agent.serve())
+        loop.run_until_complete(agent.serve(path))
     finally:
         loop.close()
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:2])
+    main(*sys.argv[1:3])

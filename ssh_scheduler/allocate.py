@@ -517,6 +517,31 @@ class MachineResources:
         self._cache_needs = None
         return placement
 
+    def adopt(self, job_id: str, needs: Needs, gpu_indices: Sequence[int]) -> Placement:
+        """Charge a job that is ALREADY running here on the given GPUs (a coordinator that
+        restarted and reattached to it), whether or not it would fit now: it is using the room
+        either way, and new jobs must see it as taken."""
+        if job_id in self._running:
+            raise ValueError(f"job {job_id!r} already holds resources on {self.name}")
+        gpus = self._state.gpus
+        by_index = {gpu.index: position for position, gpu in enumerate(gpus)}
+        positions = tuple(by_index[i] for i in gpu_indices if i in by_index)
+        placement = Placement(
+            self.name,
+            job_id,
+            tuple(gpus[p].index for p in positions),
+            needs,
+            tuple(gpus[p].uuid for p in positions),
+        )
+        held = (positions, 0, (0,) * len(positions))
+        self._running[job_id] = placement
+        self._held[job_id] = held
+        self._charge(needs, held, +1)
+        if needs.reserve_machine:
+            self._holder = job_id
+        self._cache_needs = None
+        return placement
+
     def release(self, job_id: str) -> None:
         """Give back what the job held; releasing an unknown or released job does nothing."""
         placement = self._running.pop(job_id, None)

@@ -106,11 +106,18 @@ def execute_batch(
     lease: Annotated[float, typer.Option("--lease", help="seconds a host keeps jobs alive without hearing from us")] = 60.0,
     max_result_bytes: Annotated[int, typer.Option("--max-result-bytes")] = 10 * 1024**3,
     max_result_files: Annotated[int, typer.Option("--max-result-files")] = 100_000,
+    retries: Annotated[int, typer.Option("--retries", help="run a failed job again up to N times, on another host if possible")] = 0,
+    retry_failed: Annotated[bool, typer.Option("--retry-failed", help="rerun jobs an earlier run recorded as failed (their results move to job_results/.failed/)")] = False,
+    allow_changed: Annotated[bool, typer.Option("--allow-changed", help="run jobs whose command changed since the journal recorded them")] = False,
+    timeout: Annotated[float | None, typer.Option("--timeout", help="seconds a job may run before its processes are killed")] = None,
+    halt: Annotated[str | None, typer.Option("--halt", help="now,fail=N | soon,fail=N | soon,fail=N%: stop after failures")] = None,
+    keepalive: Annotated[float | None, typer.Option("--keepalive", help="seconds between SSH keepalives; 3 missed = host lost")] = None,
 ) -> None:
     """Run every line of BATCH_FILE as a job, placed where its needs fit."""
     from .allocate import Needs
     from .batch import parse_batch
     from .config import load_machines, local_machine
+    from .policy import parse_halt
     from .scheduler import Batch, BatchOptions
     from .transfer import CopyLimits
 
@@ -142,6 +149,12 @@ def execute_batch(
             probe_interval=probe_interval,
             lease=lease,
             limits=CopyLimits(max_result_bytes, max_result_files),
+            retries=retries,
+            retry_failed=retry_failed,
+            allow_changed=allow_changed,
+            timeout=timeout,
+            halt=parse_halt(halt),
+            keepalive=keepalive,
         )
         batch = Batch(jobs, hosts, options, out=out_line, err=err_line)
         summary = run_async(batch.run, batch.request_stop)

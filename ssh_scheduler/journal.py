@@ -65,8 +65,19 @@ def read_journal(results_dir: Path) -> list[dict[str, Any]]:
 
 
 def last_states(results_dir: Path) -> dict[str, dict[str, Any]]:
-    """The latest recorded entry of each job."""
+    """Each job's entries folded in order: the latest ``state``, and every other field as last
+    recorded (so a final ``failed`` entry still carries the command its ``started`` entry had)."""
     states: dict[str, dict[str, Any]] = {}
     for entry in read_journal(results_dir):
-        states[str(entry.get("job"))] = entry
+        name = str(entry.get("job"))
+        states[name] = {**states.get(name, {}), **entry}
     return states
+
+
+def batch_token(results_dir: Path) -> str | None:
+    """The token of the batch an earlier run recorded here: hosts' agents and job folders are
+    named by it, so a rerun finds (and reattaches to) what that run left running."""
+    for entry in read_journal(results_dir):
+        if entry.get("state") == "batch" and entry.get("token"):
+            return str(entry["token"])
+    return None

@@ -42,8 +42,11 @@ class _RunningJob:
 class HostSession:
     """Talks to one host's agent.  Use as ``async with HostSession(transport) as host:``."""
 
-    def __init__(self, transport: Transport, *, lease: float = DEFAULT_LEASE) -> None:
+    def __init__(self, transport: Transport, *, lease: float = DEFAULT_LEASE, token: str = "") -> None:
         self.transport = transport
+        self.token = token
+        # Jobs the agent already had when we (re)attached: {job: {"running": bool, "code": int}}.
+        self.agent_jobs: dict[str, dict[str, Any]] = {}
         self.machine = transport.machine
         self.lease = lease
         self.root = ""
@@ -60,10 +63,11 @@ class HostSession:
         return self.machine.name
 
     async def __aenter__(self) -> HostSession:
-        self.agent = await self.transport.start_agent()
+        self.agent = await self.transport.start_agent(self.token)
         self._tasks.append(asyncio.create_task(self._read_events()))
         hello = await self._call({"op": "hello", "lease": self.lease}, timeout=30)
         self.root = str(hello["root"])
+        self.agent_jobs = dict(hello.get("jobs") or {})
         self._tasks.append(asyncio.create_task(self._renew_lease()))
         return self
 
@@ -73,7 +77,7 @@ class HostSession:
     async def close(self, *, orderly: bool = True) -> None:
         if self.agent is not None and self.lost is None and orderly:
             with contextlib.suppress(Exception):
-                await self._send({"op": "bye"})
+                await asyncio.wait_for(self._send({"op": "bye"}), 2)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -144,7 +148,11 @@ class HostSession:
             elif kind == "started":
                 running.on_started(int(event["pid"]))
             elif not running.done.done():
-                running.done.set_result(JobExit(int(event["code"]), message=event.get("message")))
+                code = event.get("code")
+                if code is None:  # the agent does not know the job (resumed too late)
+                    running.done.set_result(JobExit(None, host_lost=True, message=event.get("message")))
+                else:
+                    running.done.set_result(JobExit(int(code), message=event.get("message")))
             return
         call = self._calls.get(event.get("id", -1))
         if call is not None and not call.done():
@@ -189,8 +197,13 @@ class HostSession:
         reply = await self._call({"op": "manifest", "dir": jobdir, "paths": paths}, 300)
         return list(reply["entries"])
 
-    async def remove(self, jobdir: str) -> None:
-        await self._call({"op": "remove", "dir": jobdir}, 300)
+    async def sweep(self, prefix: str) -> None:
+        """Remove every job folder and output file whose name starts with ``prefix``."""
+        await self._call({"op": "sweep", "prefix": prefix}, 60)
+
+    async def remove(self, jobdir: str, job: str | None = None) -> None:
+        """Delete a job's directory (and, naming the job, its output files and record)."""
+        await self._call({"op": "remove", "dir": jobdir, "job": job}, 300)
 
     async def run(
         self,
@@ -204,14 +217,30 @@ class HostSession:
         on_output: Callable[[int, bytes], None],
         on_started: Callable[[int], None] = lambda pid: None,
     ) -> JobExit:
-        """Run a job to its end.  Cancelling this kills the job's whole process group."""
+        """Run a job to its end.  Cancelling this kills the job's whole process tree."""
+        request = {"op": "run", "job": job, "cmd": command, "cwd": cwd, "env": env,
+                   "out": out_path, "err": err_path}
+        return await self._follow(job, request, on_output, on_started)
+
+    async def resume(
+        self, job: str, offsets: tuple[int, int], on_output: Callable[[int, bytes], None]
+    ) -> JobExit:
+        """Take up a job the agent kept running while no coordinator was attached: the output
+        after ``offsets`` (bytes of stdout, stderr already received) arrives first."""
+        request = {"op": "resume", "job": job, "offsets": list(offsets)}
+        return await self._follow(job, request, on_output, lambda pid: None)
+
+    async def _follow(
+        self,
+        job: str,
+        request: dict[str, Any],
+        on_output: Callable[[int, bytes], None],
+        on_started: Callable[[int], None],
+    ) -> JobExit:
         running = _RunningJob(on_output, on_started)
         self._jobs[job] = running
         try:
-            await self._send(
-                {"op": "run", "job": job, "cmd": command, "cwd": cwd, "env": env,
-                 "out": out_path, "err": err_path}
-            )
+            await self._send(request)
             return await asyncio.shield(running.done)
         except ConnectionLostError as exc:
             return JobExit(None, host_lost=True, message=str(exc))
