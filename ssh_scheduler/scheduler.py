@@ -19,9 +19,10 @@ import secrets
 import shutil
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from .allocate import (
     MachineResources,
@@ -194,13 +195,13 @@ class Batch:
         self._tg: asyncio.TaskGroup | None = None
         self._running: dict[str, asyncio.Task[None]] = {}
         self._revivers: set[asyncio.Task[None]] = set()
-        self._main: asyncio.Task[BatchSummary] | None = None
+        self._main: asyncio.Task[Any] | None = None
         self._last_wait_reason = ""
         self._total = 0
 
     # -- public -----------------------------------------------------------------------------------
     async def run(self) -> BatchSummary:
-        self._main = asyncio.current_task()  # type: ignore[assignment]
+        self._main = asyncio.current_task()
         results = self.options.results_dir
         pending = self._select_jobs(results)
         if not pending:
@@ -526,9 +527,9 @@ class Batch:
             for task in self._revivers:  # hosts still being revived are not needed any more
                 task.cancel()
 
-    def _start(self, job: Job, coro: object) -> None:
+    def _start(self, job: Job, coro: Coroutine[Any, Any, None]) -> None:
         assert self._tg is not None
-        task = self._tg.create_task(coro)  # type: ignore[arg-type]
+        task = self._tg.create_task(coro)
         self._running[job.name] = task
 
         def done(_: object) -> None:
@@ -594,13 +595,17 @@ class Batch:
         out_fd = os.open(results / f"{job.name}.out", flags, 0o644)
         err_fd = os.open(results / f"{job.name}.err", flags, 0o644)
         fds = {1: out_fd, 2: err_fd}
+
+        def write(fd: int, data: bytes) -> None:
+            os.write(fds[fd], data)
+
         journal = self.journal
         assert journal is not None
         requeue = False
         try:
             if resume:
                 offsets = (os.fstat(out_fd).st_size, os.fstat(err_fd).st_size)
-                ended = await self._with_timeout(session.resume(job.name, offsets, lambda fd, data: os.write(fds[fd], data)), outcome)
+                ended = await self._with_timeout(session.resume(job.name, offsets, write), outcome)
             else:
                 journal.record(job.name, "placed", host=host.machine.name, gpus=list(placement.gpu_indices), command=job.command)
                 try:
@@ -625,7 +630,7 @@ class Batch:
                     },
                     out_path=f"{jobdir}.out",
                     err_path=f"{jobdir}.err",
-                    on_output=lambda fd, data: os.write(fds[fd], data),
+                    on_output=write,
                 )
                 ended = await self._with_timeout(run, outcome)
             outcome.ended = time.time()
@@ -654,12 +659,12 @@ class Batch:
             self.capacity.set()
             self.reprobe_now.set()
 
-    async def _with_timeout(self, run: object, outcome: JobOutcome) -> JobExit:
+    async def _with_timeout(self, run: Awaitable[JobExit], outcome: JobOutcome) -> JobExit:
         if self.options.timeout is None:
-            return await run  # type: ignore[misc, no-any-return]
+            return await run
         try:
             async with asyncio.timeout(self.options.timeout):
-                return await run  # type: ignore[misc, no-any-return]
+                return await run
         except TimeoutError:
             outcome.timed_out = True
             return JobExit(TIMED_OUT, message=f"timed out after {self.options.timeout:g} s")
