@@ -397,6 +397,9 @@ class Batch:
                 f"warning: host {host.machine.name} failed {host.failures} times in a row; "
                 f"not using it again in this batch"
             )
+        self._revive_later(host)
+
+    def _revive_later(self, host: Host) -> None:
         if not host.quarantined and not host.reviving and self._tg is not None:
             host.reviving = True
             task = self._tg.create_task(self._revive(host))
@@ -507,6 +510,9 @@ class Batch:
             self._tg = tg
             prober = tg.create_task(self._reprobe_loop())
             self._reattach_all()
+            for host in self.hosts.values():
+                if host.down is not None:  # unreachable at the start: keep trying in the background
+                    self._revive_later(host)
             while not self.draining and (self.pending or self._running):
                 placed = self._place(self.pending[0]) if self.pending else None
                 if placed is None:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
@@ -210,3 +210,44 @@ def test_machines_flag_takes_several_values_or_repeats(cluster4: Cluster, tmp_pa
     result = run_batch(tmp_path, "b.sh", *flags, "--no-gpu-required", "--num-cpus", "0")
     assert result.returncode == 0, result.stderr
     assert "'h1'" in result.stdout.splitlines()[0] or "h1.yaml" in result.stdout.splitlines()[0]
+
+
+def test_commands_mode_lines_carry_their_own_copies_and_names(cluster4: Cluster, tmp_path: Path) -> None:
+    for name in ("example1", "example2"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "input.txt").write_text(f"data of {name}\n")
+    (tmp_path / "test.py").write_text(
+        "import sys, pathlib\n"
+        "name = sys.argv[1]\n"
+        "text = pathlib.Path(name, 'input.txt').read_text()\n"
+        "pathlib.Path(name, 'output.txt').write_text(text.upper())\n"
+        "print(sorted(p.name for p in pathlib.Path('.').iterdir()))\n"
+    )
+    (tmp_path / "cmds.sh").write_text(
+        "execute_remote --copy-forwards example1 test.py --copy-backwards example1 --job-name example1 'python3 test.py example1'\n"
+        "execute_remote --copy-forwards example2 test.py --copy-backwards example2 --job-name example2 'python3 test.py example2'\n"
+    )
+    result = run_batch(tmp_path, "cmds.sh", "--commands", *machines(cluster4, 2), "--no-gpu-required")
+    assert result.returncode == 0, result.stdout + result.stderr
+    results = tmp_path / "job_results"
+    for name in ("example1", "example2"):
+        assert (results / f"{name}.out").read_text() == f"['{name}', 'test.py']\n"
+        assert (results / name / name / "output.txt").read_text() == f"DATA OF {name.upper()}\n"
+        assert sorted(p.name for p in (results / name).iterdir()) == [name]
+
+
+def test_a_host_down_at_the_start_is_used_once_it_answers(cluster4: Cluster, tmp_path: Path) -> None:
+    late = cluster4.hosts[1]
+    late.stop_sshd()
+    timer = threading.Timer(2.0, late.start_sshd)
+    timer.start()
+    try:
+        line = 'sleep 1; hostname\n'
+        (tmp_path / "b.sh").write_text(line * 40)
+        result = run_batch(tmp_path, "b.sh", *machines(cluster4, 2), "--no-gpu-required", "--num-cpus", "1")
+    finally:
+        timer.join()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "warning: h2" in result.stderr and "host h2 is back" in result.stderr
+    where = Counter((tmp_path / "job_results" / f"b.sh.{n}.out").read_text().strip() for n in range(1, 41))
+    assert where["h2"] > 0 and where["h1"] > 0
