@@ -507,13 +507,15 @@ class MachineResources:
         else:
             indices = tuple(gpus[position].index for position in positions)
             uuids = tuple(gpus[position].uuid for position in positions)
-        placement = Placement(self.name, job_id, indices, needs, uuids)
+        return self._hold(Placement(self.name, job_id, indices, needs, uuids), positions)
+
+    def _hold(self, placement: Placement, positions: tuple[int, ...]) -> Placement:
         held = (positions, 0, (0,) * len(positions))
-        self._running[job_id] = placement
-        self._held[job_id] = held
-        self._charge(needs, held, +1)
-        if needs.reserve_machine:
-            self._holder = job_id
+        self._running[placement.job_id] = placement
+        self._held[placement.job_id] = held
+        self._charge(placement.needs, held, +1)
+        if placement.needs.reserve_machine:
+            self._holder = placement.job_id
         self._cache_needs = None
         return placement
 
@@ -533,14 +535,7 @@ class MachineResources:
             needs,
             tuple(gpus[p].uuid for p in positions),
         )
-        held = (positions, 0, (0,) * len(positions))
-        self._running[job_id] = placement
-        self._held[job_id] = held
-        self._charge(needs, held, +1)
-        if needs.reserve_machine:
-            self._holder = job_id
-        self._cache_needs = None
-        return placement
+        return self._hold(placement, positions)
 
     def release(self, job_id: str) -> None:
         """Give back what the job held; releasing an unknown or released job does nothing."""

@@ -29,7 +29,7 @@ import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ssh_scheduler.errors import BatchError
+from ssh_scheduler.errors import BatchError, plain_text, show_value
 
 __all__ = [
     "MAX_JOB_NAME_BYTES",
@@ -73,14 +73,10 @@ class Job:
 
 
 def _show(value: str, limit: int = 60) -> str:
-    text = repr(value)
-    if len(text) > limit:
-        text = text[: limit - 4] + "...'"
-    return text
+    return show_value(value, limit)
 
 
-def _plain(text: str) -> str:
-    return text if text.isprintable() else repr(text)[1:-1]
+_plain = plain_text
 
 
 def job_name_prefix(batch_path: str) -> str:

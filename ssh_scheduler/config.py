@@ -62,7 +62,7 @@ from pathlib import Path
 import yaml
 
 from ssh_scheduler import hostlist
-from ssh_scheduler.errors import ConfigError
+from ssh_scheduler.errors import ConfigError, plain_text, show_value
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
@@ -134,17 +134,8 @@ def local_machine() -> Machine:
 # small helpers
 
 
-def _show(value: object, limit: int = 80) -> str:
-    """A user value for a one-line message: repr (control characters escaped), cut if long."""
-    text = repr(value)
-    if len(text) > limit:
-        text = text[: limit - 4] + "...'"
-    return text
-
-
-def _plain(text: str) -> str:
-    """A path or spec for a message, without control characters (keeps messages one line)."""
-    return text if text.isprintable() else repr(text)[1:-1]
+_show = show_value
+_plain = plain_text
 
 
 def _tilde(path: Path | str) -> str:

@@ -9,6 +9,19 @@ are *data* (results, events), not exceptions.
 from __future__ import annotations
 
 
+def show_value(value: object, limit: int = 80) -> str:
+    """A user value for a one-line message: repr (control characters escaped), cut if long."""
+    text = repr(value)
+    if len(text) > limit:
+        text = text[: limit - 4] + "...'"
+    return text
+
+
+def plain_text(text: str) -> str:
+    """A path or spec for a message, without control characters (keeps messages one line)."""
+    return text if text.isprintable() else repr(text)[1:-1]
+
+
 class SchedulerError(Exception):
     """Base class: ``str(err)`` is the one line shown to the user."""
 
