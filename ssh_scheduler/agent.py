@@ -25,12 +25,13 @@ Requests (coordinator -> agent), one JSON object per line, all with an ``op``:
   probe {id, cmd}                        -> probe {id, out, rc, own: {job: {pids, rss_mb}}}
   have {id, hashes: [h...], sizes}       -> have {id, missing: [h...]}
   stage {id, dir, files: [[rel, key]]}   -> staged {id}
-  run {job, cmd, cwd, env, out, err}     -> started {job, pid} ; out {job, fd, data(b64)} ... ;
-                                            exit {job, code}
+  run {job, cmd, cwd, env, out, err,     -> started {job, pid} ; out {job, fd, data(b64)} ... ;
+       stage?: {files, dirs},                  exit {job, code, entries?}  (entries: as manifest,
+       manifest?: {paths}}                     when asked; code null: staging failed)
   resume {job, offsets: [n1, n2]}        -> the output after those offsets, then as run
   kill {job, grace}                      -> (the job's exit event follows)
   manifest {id, dir, job, paths|null}    -> manifest {id, entries: [[rel, kind, size, mode, link]]}
-  remove {id, dir, job}                  -> removed {id}  (also forgets the job)
+  remove {id?, dir, job}                 -> removed {id} when given an id (also forgets the job)
   sweep {id, prefix}                     -> swept {id}  (removes the batch's leftover job folders)
   bye                                    -> exits once its jobs are done (orderly end)
 """
@@ -63,6 +64,8 @@ class Job(object):
         self.code = None
         self.subscribed = True
         self.files = {}
+        self.jobdir = None
+        self.manifest = None  # {"paths": [...] | None}: list the results with the exit event
 
     @property
     def running(self):
@@ -80,6 +83,8 @@ class Agent(object):
         self.last_heard = time.monotonic()
         self.client = None  # the coordinator we answer now
         self.done = None  # resolved by "bye"
+        self.reap_tags = set()
+        self.reap_handle = None
         self.closing = False
         self.idle = None
         self.tasks = set()
@@ -127,6 +132,8 @@ class Agent(object):
         if not self.closing:
             await self.done  # detached: wait for a coordinator to come back, or the lease
         await self.wait_jobs()
+        while self.tasks:  # requests that came before "bye" (a last remove, say) still run
+            await asyncio.wait(list(self.tasks))
         if server is not None:
             server.close()
             try:
@@ -232,6 +239,23 @@ class Agent(object):
                 except (ProcessLookupError, PermissionError):
                     pass
 
+    def reap_later(self, tag):
+        """Kill what is left of ended jobs, scanning /proc once for all jobs that ended within
+        the same few milliseconds (one scan per job end would cost O(jobs x processes))."""
+        self.reap_tags.add(tag)
+        if self.reap_handle is None:
+            self.reap_handle = asyncio.get_event_loop().call_later(0.05, self.reap)
+
+    def reap(self):
+        self.reap_handle = None
+        tags, self.reap_tags = self.reap_tags, set()
+        for pid, tag in tagged_processes():
+            if tag in tags:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
     async def kill_job(self, job, grace):
         self.kill_tree(job, signal.SIGTERM)
         deadline = time.monotonic() + grace
@@ -292,22 +316,25 @@ class Agent(object):
         self.send({"ev": "have", "id": req["id"], "missing": missing})
 
     async def op_stage(self, req):
+        self.stage(req["dir"], req["files"], req.get("dirs", ()))
+        self.send({"ev": "staged", "id": req["id"]})
+
+    def stage(self, jobdir, files, dirs):
         """Give a job its private directory, its inputs hard-linked from the cache.
 
         Cache files are read-only, so a job that rewrites an input in place gets EACCES (as a
         non-root user) rather than silently corrupting the copy every later job links to; the
         manifest check below catches the root case and evicts the entry.
         """
-        jobdir = req["dir"]
         if not self.inside_root(os.path.dirname(jobdir)):
             raise ValueError("job directory outside the work root")
         if os.path.lexists(jobdir):
             shutil.rmtree(jobdir, ignore_errors=True)  # left by an earlier, abandoned attempt
         os.makedirs(jobdir, mode=0o700)
         record = {}
-        for rel in req.get("dirs", ()):
+        for rel in dirs:
             os.makedirs(os.path.join(jobdir, rel), exist_ok=True)
-        for rel, key in req["files"]:
+        for rel, key in files:
             target = os.path.join(jobdir, rel)
             parent = os.path.dirname(target)
             if parent:
@@ -320,15 +347,25 @@ class Agent(object):
             st = os.lstat(target)
             record[rel] = (st.st_ino, st.st_mtime_ns, st.st_size, key)
         self.staged[jobdir] = record
-        self.send({"ev": "staged", "id": req["id"]})
 
     async def op_run(self, req):
+        """Start a job (staging its inputs first when asked: one round trip instead of two)."""
         name = req["job"]
         old = self.jobs.get(name)
         if old is not None and old.running:
             raise ValueError("job %s is already running" % name)
         job = Job(name, "%s:%s" % (self.token, name), req.get("out"), req.get("err"))
+        job.jobdir = req["cwd"]
+        job.manifest = req.get("manifest")
         self.jobs[name] = job
+        if req.get("stage") is not None:
+            try:
+                self.stage(req["cwd"], req["stage"]["files"], req["stage"].get("dirs", ()))
+            except Exception as exc:
+                job.code = -1
+                self.send({"ev": "exit", "job": name, "code": None,
+                           "message": "staging failed: %s: %s" % (type(exc).__name__, exc)})
+                return
         env = dict(os.environ)
         env.update(req.get("env") or {})
         env[TAG_VAR] = job.tag
@@ -349,8 +386,13 @@ class Agent(object):
         self.send({"ev": "started", "job": name, "pid": job.pid})
         await protocol.exited
         # The shell is gone, but a background grandchild may live on (and hold the pipes open):
-        # end it too, then drain what it wrote before reporting the exit.
-        self.kill_tree(job, signal.SIGKILL)
+        # end its group now, then drain what it wrote before reporting the exit.  Descendants
+        # that left the group are found by their tag in one coalesced /proc scan (see reap).
+        try:
+            os.killpg(job.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.reap_later(job.tag)
         try:
             await asyncio.wait_for(asyncio.shield(protocol.drained), 2.0)
         except asyncio.TimeoutError:
@@ -365,7 +407,13 @@ class Agent(object):
         job.code = code
         self.jobs_changed()
         if job.subscribed:
-            self.send({"ev": "exit", "job": name, "code": code})
+            self.send_exit(job)
+
+    def send_exit(self, job):
+        event = {"ev": "exit", "job": job.name, "code": job.code}
+        if job.manifest is not None and job.jobdir:
+            event["entries"] = self.list_results(job.jobdir, job.manifest.get("paths"))
+        self.send(event)
 
     async def op_resume(self, req):
         """A coordinator that came back takes up a job: what it missed, then live output."""
@@ -391,7 +439,7 @@ class Agent(object):
                 pass
         job.subscribed = True
         if not job.running:
-            self.send({"ev": "exit", "job": job.name, "code": job.code})
+            self.send_exit(job)
 
     async def op_kill(self, req):
         job = self.jobs.get(req["job"])
@@ -399,14 +447,16 @@ class Agent(object):
             await self.kill_job(job, float(req.get("grace", 5.0)))
 
     async def op_manifest(self, req):
-        """List what to bring home from a job directory, never following a link.
+        entries = self.list_results(req["dir"], req.get("paths"))
+        self.send({"ev": "manifest", "id": req["id"], "entries": entries})
+
+    def list_results(self, jobdir, explicit):
+        """What to bring home from a job directory, never following a link.
 
         Without explicit paths: everything the job created or changed, i.e. not the untouched
         hard links to staged inputs.
         """
-        jobdir = req["dir"]
         staged = self.staged.get(jobdir, {})
-        explicit = req.get("paths")
         roots = explicit if explicit else ["."]
         entries = []
         seen = set()
@@ -437,7 +487,7 @@ class Agent(object):
                 if kind == "dir" and not explicit:
                     continue  # directories come along with the files in them
                 entries.append([rel, kind, st.st_size, stat.S_IMODE(st.st_mode), link])
-        self.send({"ev": "manifest", "id": req["id"], "entries": entries})
+        return entries
 
     async def op_remove(self, req):
         path = req["dir"]
@@ -455,7 +505,8 @@ class Agent(object):
         if self.inside_root(os.path.dirname(path)) and os.path.isdir(path):
             shutil.rmtree(path, ignore_errors=True)
         self.staged.pop(path, None)
-        self.send({"ev": "removed", "id": req["id"]})
+        if req.get("id") is not None:
+            self.send({"ev": "removed", "id": req["id"]})
 
 
     async def op_sweep(self, req):
@@ -665,6 +716,20 @@ def relay(path):
                     view = view[os.write(out_fd, view):]
 
 
+def use_pidfd_watcher(loop):
+    """Before 3.12 asyncio waits for each child in a thread of its own; a pidfd watcher costs
+    no thread per job (3.12+ picks it by itself)."""
+    if sys.version_info >= (3, 12) or not hasattr(asyncio, "PidfdChildWatcher"):
+        return
+    try:
+        watcher = asyncio.PidfdChildWatcher()
+        asyncio.get_event_loop_policy().set_child_watcher(watcher)
+        watcher.attach_loop(loop)
+        os.close(os.pidfd_open(os.getpid()))  # the kernel must support pidfds
+    except (AttributeError, OSError, RuntimeError):
+        asyncio.get_event_loop_policy().set_child_watcher(asyncio.ThreadedChildWatcher())
+
+
 def main(root="~/.ssh_scheduler", token=""):
     root_abs = os.path.abspath(os.path.expanduser(root))
     os.makedirs(root_abs, mode=0o700, exist_ok=True)
@@ -675,6 +740,7 @@ def main(root="~/.ssh_scheduler", token=""):
     agent = Agent(root_abs, token)
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
+    use_pidfd_watcher(loop)
     try:
         loop.run_until_complete(agent.serve(path))
     finally:

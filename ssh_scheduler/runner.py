@@ -30,6 +30,7 @@ class JobExit:
     code: int | None
     host_lost: bool = False
     message: str | None = None
+    entries: list[Any] | None = None  # the results listing, when the run asked for one
 
 
 @dataclass(slots=True)
@@ -149,10 +150,13 @@ class HostSession:
                 running.on_started(int(event["pid"]))
             elif not running.done.done():
                 code = event.get("code")
-                if code is None:  # the agent does not know the job (resumed too late)
+                if code is None:  # staging failed, or the agent does not know the job
                     running.done.set_result(JobExit(None, host_lost=True, message=event.get("message")))
                 else:
-                    running.done.set_result(JobExit(int(code), message=event.get("message")))
+                    entries = event.get("entries")
+                    running.done.set_result(
+                        JobExit(int(code), message=event.get("message"), entries=entries)
+                    )
             return
         call = self._calls.get(event.get("id", -1))
         if call is not None and not call.done():
@@ -201,6 +205,10 @@ class HostSession:
         """Remove every job folder and output file whose name starts with ``prefix``."""
         await self._call({"op": "sweep", "prefix": prefix}, 60)
 
+    async def remove_soon(self, jobdir: str, job: str | None = None) -> None:
+        """Like ``remove`` without waiting for the answer (the agent does them in order)."""
+        await self._send({"op": "remove", "dir": jobdir, "job": job})
+
     async def remove(self, jobdir: str, job: str | None = None) -> None:
         """Delete a job's directory (and, naming the job, its output files and record)."""
         await self._call({"op": "remove", "dir": jobdir, "job": job}, 300)
@@ -216,10 +224,23 @@ class HostSession:
         err_path: str | None,
         on_output: Callable[[int, bytes], None],
         on_started: Callable[[int], None] = lambda pid: None,
+        stage: tuple[list[tuple[str, str]], list[str]] | None = None,
+        results: list[str] | bool | None = False,
     ) -> JobExit:
-        """Run a job to its end.  Cancelling this kills the job's whole process tree."""
-        request = {"op": "run", "job": job, "cmd": command, "cwd": cwd, "env": env,
-                   "out": out_path, "err": err_path}
+        """Run a job to its end.  Cancelling this kills the job's whole process tree.
+
+        ``stage``: (files, dirs) to link from the cache into ``cwd`` first.  ``results``: list
+        what to bring home with the exit (None: what the job created or changed; a list: those
+        paths; False: nothing) -- each saves a round trip per job.
+        """
+        request: dict[str, Any] = {
+            "op": "run", "job": job, "cmd": command, "cwd": cwd, "env": env,
+            "out": out_path, "err": err_path,
+        }
+        if stage is not None:
+            request["stage"] = {"files": stage[0], "dirs": stage[1]}
+        if results is not False:
+            request["manifest"] = {"paths": results}
         return await self._follow(job, request, on_output, on_started)
 
     async def resume(

@@ -56,7 +56,7 @@ from .transfer import (
     HostCache,
     collect_forward,
     fetch_back,
-    send_forward,
+    prepare_forward,
 )
 from .transport import Transport, connect, describe
 
@@ -616,7 +616,7 @@ class Batch:
                 journal.record(job.name, "placed", host=host.machine.name, gpus=list(placement.gpu_indices), command=job.command)
                 try:
                     forward = await asyncio.to_thread(self._forward_for, job)
-                    await send_forward(host.cache, forward, jobdir)
+                    staging = await prepare_forward(host.cache, forward)
                 except TransportError as exc:
                     self._host_failed(host, str(exc))
                     requeue = True
@@ -637,6 +637,8 @@ class Batch:
                     out_path=f"{jobdir}.out",
                     err_path=f"{jobdir}.err",
                     on_output=write,
+                    stage=staging,
+                    results=list(self._copy_backwards(job) or ()) or None,
                 )
                 ended = await self._with_timeout(run, outcome)
             outcome.ended = time.time()
@@ -649,7 +651,7 @@ class Batch:
             if not outcome.ok and self._retry(job, host, outcome):
                 await self._quietly_remove(session, jobdir, job.name)
                 return
-            await self._commit(job, session, jobdir, outcome)
+            await self._commit(job, session, jobdir, outcome, ended.entries)
         except asyncio.CancelledError:
             journal.record(job.name, "cancelled", host=host.machine.name)
             with contextlib.suppress(Exception):
@@ -687,7 +689,12 @@ class Batch:
         self.pending.appendleft(job)
         return True
 
-    async def _commit(self, job: Job, session: HostSession, jobdir: str, outcome: JobOutcome) -> None:
+    def _copy_backwards(self, job: Job) -> tuple[str, ...] | None:
+        return job.copy_backwards if job.copy_backwards is not None else self.options.copy_backwards
+
+    async def _commit(
+        self, job: Job, session: HostSession, jobdir: str, outcome: JobOutcome, entries: object = None
+    ) -> None:
         """Bring results home (atomically), record the end, print the ancestor's line."""
         assert self.journal is not None
         results = self.options.results_dir
@@ -696,13 +703,15 @@ class Batch:
                 session,
                 jobdir,
                 results / job.name,
-                paths=job.copy_backwards if job.copy_backwards is not None else self.options.copy_backwards,
+                paths=self._copy_backwards(job),
                 limits=self.options.limits,
+                entries=entries,
             )
             self.summary.bytes_downloaded += got.bytes
             for warning in got.warnings:
                 self.err(f"warning: {job.name}: {warning}")
-            await self._quietly_remove(session, jobdir, job.name)
+            with contextlib.suppress(TransportError):
+                await session.remove_soon(jobdir, job.name)
         except (TransferError, TransportError) as exc:
             outcome.message = str(exc)
             outcome.exit_code = outcome.exit_code or 1

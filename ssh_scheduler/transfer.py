@@ -28,11 +28,12 @@ from pathlib import Path
 
 from .errors import TransferError
 from .runner import HostSession
-from .transport import SizeLimitExceeded
+from .transport import RemoteFileError, SizeLimitExceeded, printable
 
 # Never worth sending: results, VCS data, virtualenvs (paths are host-specific) and caches.
 DEFAULT_EXCLUDES = frozenset({"job_results", ".git", ".venv", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache"})
 UPLOAD_CONCURRENCY = 4
+MAX_WARNINGS = 50  # per job: a host sending 10^5 bad names must not flood the terminal
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,8 +163,16 @@ class HostCache:
 
 
 async def send_forward(cache: HostCache, forward: ForwardSet, jobdir: str) -> None:
+    await cache.host.stage(jobdir, *await prepare_forward(cache, forward))
+
+
+async def prepare_forward(
+    cache: HostCache, forward: ForwardSet
+) -> tuple[list[tuple[str, str]], list[str]]:
+    """Make sure the host's cache holds every input; returns what to stage (files, dirs), for
+    ``HostSession.stage`` or for the run request itself."""
     await cache.ensure(forward.files)
-    await cache.host.stage(jobdir, [(f.rel, f.key) for f in forward.files], list(forward.dirs))
+    return [(f.rel, f.key) for f in forward.files], list(forward.dirs)
 
 
 # --- back ----------------------------------------------------------------------------------------
@@ -180,6 +189,17 @@ class CopyBackReport:
     files: int = 0
     bytes: int = 0
     warnings: list[str] = field(default_factory=list)
+    suppressed: int = 0  # warnings beyond MAX_WARNINGS, counted only
+
+
+def _encodable(name: str) -> bool:
+    """Can this name be a file name here?  (A lone surrogate that is not a surrogate-escaped
+    byte cannot, and would crash ``os.open``.)"""
+    try:
+        os.fsencode(name)
+    except UnicodeError:
+        return False
+    return True
 
 
 def safe_relpath(rel: object) -> str | None:
@@ -189,14 +209,38 @@ def safe_relpath(rel: object) -> str | None:
     parts = rel.split("/")
     if any(p in ("", ".", "..") for p in parts):
         return None
+    if not _encodable(rel):
+        return None
     return rel
 
 
 def link_stays_inside(rel: str, target: str) -> bool:
-    if not target or target.startswith("/") or "\x00" in target:
+    """May the link ``rel -> target`` be recreated inside the job folder?
+
+    Only relative targets of the form ``../../a/b``: the ``..`` steps come first and climb no
+    higher than the link's own directory is deep.  A ``..`` after a name is refused even when it
+    looks harmless, because the kernel resolves it *after* following that name: with
+    ``a/b/x -> ../..``, the target ``a/b/x/../..`` reads as ``a`` but leads two levels above the
+    job folder.  Since the link's parent directories are real directories (the tree never
+    follows links) and every other link obeys the same rule, no link can lead outside.
+    """
+    if not isinstance(target, str) or not target or target.startswith("/") or "\x00" in target:
         return False
-    joined = posixpath.normpath(posixpath.join(posixpath.dirname(rel), target))
-    return not (joined == ".." or joined.startswith("../") or joined.startswith("/"))
+    if not _encodable(target):
+        return False
+    parts = [p for p in target.split("/") if p not in ("", ".")]
+    ups = 0
+    while ups < len(parts) and parts[ups] == "..":
+        ups += 1
+    if ".." in parts[ups:]:
+        return False
+    depth = rel.count("/")  # directories between the job folder and the link
+    return ups <= depth
+
+
+def shown(name: object, limit: int = 200) -> str:
+    """A remote name for a message: control characters and odd bytes escaped, cut if long."""
+    return printable(name if isinstance(name, str) else repr(name), limit)
 
 
 class _SafeTree:
@@ -252,22 +296,42 @@ async def fetch_back(
     *,
     paths: Sequence[str] | None,
     limits: CopyLimits,
+    entries: object = None,
 ) -> CopyBackReport:
-    """Bring a job's results home into ``dest`` (which must not exist yet), atomically."""
+    """Bring a job's results home into ``dest`` (which must not exist yet), atomically.
+
+    ``entries``: the listing the agent already sent with the job's exit; without it, ask.
+
+    On any failure (a limit exceeded, the connection lost) nothing is left here and the results
+    stay on the host; names, links and special files the host should not send are skipped with
+    a warning in the report.
+    """
     if dest.exists() or dest.is_symlink():
         raise TransferError(f"{dest} already exists; results are never overwritten")
-    entries = await host.manifest(jobdir, list(paths) if paths else None)
+    try:
+        if entries is None:
+            entries = await host.manifest(jobdir, list(paths) if paths else None)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise TransferError(
+            f"{host.name}:{jobdir}: the host sent a malformed list of results; nothing was "
+            f"copied back and the results stay on the host"
+        ) from None
+    if not isinstance(entries, list):
+        raise TransferError(f"{host.name}:{jobdir}: the host sent a malformed list of results")
+    if len(entries) > limits.max_files:
+        raise TransferError(
+            f"{host.name}:{jobdir} holds {len(entries)} entries, over the copy-back limit of "
+            f"{limits.max_files} files (raise --max-result-files); the results stay on the host"
+        )
     report = CopyBackReport()
+    if not entries:
+        os.mkdir(dest, 0o755)  # nothing to copy: an empty folder appears whole at once
+        return report
     staging = dest.parent / f".partial-{dest.name}-{secrets.token_hex(4)}"
     os.mkdir(staging, 0o755)
     root_fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
         tree = _SafeTree(root_fd)
-        if len(entries) > limits.max_files:
-            raise TransferError(
-                f"{host.name}:{jobdir} holds {len(entries)} entries, over the copy-back limit of "
-                f"{limits.max_files} files (raise --max-result-files); the results stay on the host"
-            )
         for entry in entries:
             await _fetch_entry(host, jobdir, tree, entry, report, limits)
         os.close(root_fd)
@@ -278,25 +342,33 @@ async def fetch_back(
             os.close(root_fd)
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    if report.suppressed:
+        report.warnings.append(f"{host.name}: ... and {report.suppressed} more warnings")
     return report
+
+
+def _warn(report: CopyBackReport, message: str) -> None:
+    if len(report.warnings) < MAX_WARNINGS:
+        report.warnings.append(message)
+    else:
+        report.suppressed += 1
 
 
 async def _fetch_entry(
     host: HostSession,
     jobdir: str,
     tree: _SafeTree,
-    entry: list[object],
+    entry: object,
     report: CopyBackReport,
     limits: CopyLimits,
 ) -> None:
-    try:
-        raw_rel, kind, _size, mode, link = entry
-    except (TypeError, ValueError):
-        report.warnings.append(f"{host.name}: malformed manifest entry skipped")
+    if not isinstance(entry, list) or len(entry) != 5:
+        _warn(report, f"{host.name}: malformed manifest entry skipped")
         return
+    raw_rel, kind, _size, mode, link = entry
     rel = safe_relpath(raw_rel)
     if rel is None:
-        report.warnings.append(f"{host.name}: unsafe name {raw_rel!r} refused")
+        _warn(report, f"{host.name}: unsafe name '{shown(raw_rel)}' refused")
         return
     try:
         if kind == "dir":
@@ -305,9 +377,11 @@ async def _fetch_entry(
             if isinstance(link, str) and link_stays_inside(rel, link):
                 tree.symlink(rel, link)
             else:
-                report.warnings.append(f"{rel}: symlink to {link!r} leaves the job folder; skipped")
+                _warn(report, f"{shown(rel)}: symlink to '{shown(link)}' leaves the job folder; skipped")
         elif kind == "file":
-            fd, dfd = tree.create_file(rel, int(mode) if isinstance(mode, int) else 0o644)
+            file_mode = mode if isinstance(mode, int) and not isinstance(mode, bool) else 0o644
+            fd, dfd = tree.create_file(rel, file_mode)
+            done = False
             try:
                 budget = limits.max_bytes - report.bytes
                 try:
@@ -317,13 +391,21 @@ async def _fetch_entry(
                         f"{host.name}:{jobdir}: results exceed the copy-back limit of "
                         f"{limits.max_bytes} bytes (raise --max-result-bytes); they stay on the host"
                     ) from None
+                except RemoteFileError as exc:
+                    _warn(report, f"{shown(rel)}: not copied: {shown(str(exc), 500)}")
+                    return
                 report.bytes += got
                 report.files += 1
+                done = True
             finally:
                 os.close(fd)
+                if not done:  # no empty stand-in for a file that did not come
+                    with contextlib.suppress(OSError):
+                        os.unlink(rel.rsplit("/", 1)[-1], dir_fd=dfd)
                 os.close(dfd)
         else:
-            report.warnings.append(f"{rel}: special file skipped")
-    except OSError as exc:
+            _warn(report, f"{shown(rel)}: special file skipped")
+    except (OSError, ValueError) as exc:
         # ELOOP / ENOTDIR / EEXIST: something tried to redirect us through a link or reuse a name.
-        report.warnings.append(f"{rel}: refused ({exc.strerror})")
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        _warn(report, f"{shown(rel)}: refused ({reason})")
