@@ -38,6 +38,14 @@ KEEPALIVE_COUNT_MAX = 3
 CHUNK = 256 * 1024
 
 
+def printable(text: object, limit: int = 300) -> str:
+    """Text from a host, safe for a one-line message: control characters escaped, cut if long."""
+    shown = text if isinstance(text, str) else str(text)
+    if not shown.isprintable():
+        shown = repr(shown)[1:-1]
+    return shown if len(shown) <= limit else shown[: limit - 3] + "..."
+
+
 def agent_bootstrap(python: str, root: str, token: str = "") -> str:
     """The shell command that starts the agent: its source travels on the command line.
 
@@ -207,7 +215,7 @@ async def _pump(stream: Any, sink: OutputSink | None) -> bytes:
 
 class SizeLimitExceeded(TransportError):
     def __init__(self, path: str, limit: int) -> None:
-        super().__init__(f"{path} is larger than the copy-back limit of {limit} bytes")
+        super().__init__(f"{printable(path)} is larger than the copy-back limit of {limit} bytes")
 
 
 class RemoteFileError(TransportError):
@@ -370,8 +378,8 @@ async def fetch_host_key(machine: Machine, tunnel: Any = None) -> Any:
 
 
 def _key_text(key: Any) -> str:
-    """``ssh-ed25519 SHA256:...`` for a message."""
-    return f"{key.get_algorithm()} {key.get_fingerprint()}"
+    """``SHA256:... (ssh-ed25519)`` for a message."""
+    return f"{key.get_fingerprint()} ({key.get_algorithm()})"
 
 
 def record_host_key(machine: Machine, key: Any) -> str:
@@ -387,9 +395,16 @@ def record_host_key(machine: Machine, key: Any) -> str:
     line = f"{known_hosts_name(machine)} {key.export_public_key().decode().strip()}\n"
     try:
         os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
         try:
-            size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise HostKeyError(
+                    f"{describe(machine)}: unknown host key {_key_text(key)}, and its known_hosts "
+                    f"file {path} is not a regular file, so the key cannot be recorded there; "
+                    f"add it yourself (ssh-keyscan) to a known_hosts file the machine uses"
+                )
+            size = st.st_size
             if size and os.pread(fd, 1, size - 1) != b"\n":
                 line = "\n" + line  # never glue our entry onto an unterminated last line
             os.write(fd, line.encode())
@@ -727,12 +742,10 @@ class SSHTransport:
         total = 0
         path = os.fsencode(remote)  # bytes: a non-UTF-8 remote name arrives surrogate-escaped
         try:
-            async with asyncio.timeout(SFTP_READ_TIMEOUT):
-                f = await sftp.open(path, "rb")
+            f = await _within(sftp.open(path, "rb"), SFTP_READ_TIMEOUT)
             try:
                 while True:
-                    async with asyncio.timeout(SFTP_READ_TIMEOUT):
-                        chunk = await f.read(CHUNK)
+                    chunk = await _within(f.read(CHUNK), SFTP_READ_TIMEOUT)
                     if not chunk:
                         break
                     total += len(chunk)
@@ -741,27 +754,33 @@ class SSHTransport:
                     view = memoryview(chunk)
                     while view:
                         view = view[os.write(fd, view) :]
-            finally:
+            except _Stalled:
+                raise  # the session is stuck: no polite close, it is dropped below
+            except BaseException:
                 with contextlib.suppress(Exception):
-                    async with asyncio.timeout(5):
-                        await f.close()
-        except TimeoutError:
+                    await asyncio.wait_for(f.close(), 5)
+                raise
+            else:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(f.close(), 5)
+        except _Stalled:
             await self._drop_sftp()
             raise RemoteFileError(
-                f"{describe(self.machine)}: download of {remote} stalled for "
+                f"{describe(self.machine)}: download of {printable(remote)} stalled for "
                 f"{SFTP_READ_TIMEOUT:g} s (a FIFO or device on the host?)"
             ) from None
         except asyncssh.SFTPError as exc:
             raise RemoteFileError(
-                f"{describe(self.machine)}: cannot read {remote}: {exc.reason}"
+                f"{describe(self.machine)}: cannot read {printable(remote)}: {printable(exc.reason)}"
             ) from None
         except (asyncssh.Error, ConnectionError) as exc:
             raise ConnectionLostError(
-                f"{describe(self.machine)}: download of {remote} failed: {exc}"
+                f"{describe(self.machine)}: download of {printable(remote)} failed: {printable(exc)}"
             ) from None
         except OSError as exc:
             raise TransportError(
-                f"{describe(self.machine)}: download of {remote} failed: {exc.strerror or exc}"
+                f"{describe(self.machine)}: download of {printable(remote)} failed: "
+                f"{exc.strerror or exc}"
             ) from None
         self.bytes_received += total
         return total
@@ -856,6 +875,31 @@ async def _open_jump_hosts(machine: Machine) -> list[Any]:
             conn.close()
         raise
     return conns
+
+
+class _Stalled(Exception):
+    """An SFTP request got no answer in time."""
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+async def _within(awaitable: Any, timeout: float) -> Any:
+    """Await with a timeout, but on timeout leave the request running instead of cancelling it:
+    asyncssh's parallel reads leave orphan tasks behind when cancelled.  The abandoned request
+    ends when its SFTP session is dropped, and its outcome is collected quietly."""
+    task = asyncio.ensure_future(awaitable)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if not done:
+        task.add_done_callback(_retrieve)
+        raise _Stalled
+    return task.result()
 
 
 def _signal_number(name: str) -> int:
