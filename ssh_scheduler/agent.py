@@ -132,8 +132,8 @@ class Agent(object):
         if not self.closing:
             await self.done  # detached: wait for a coordinator to come back, or the lease
         await self.wait_jobs()
-        while self.tasks:  # requests that came before "bye" (a last remove, say) still run
-            await asyncio.wait(list(self.tasks))
+        if self.tasks:  # requests that came before "bye" (a last remove, say) still run,
+            await asyncio.wait(list(self.tasks), timeout=2.0)  # but a hung probe cannot hold us
         if server is not None:
             server.close()
             try:

@@ -133,8 +133,10 @@ PROBE_SCRIPT = " ".join(
         f'then t="timeout -k 5 {_NVSMI_TIMEOUT_S}";',
         f"elif timeout {_NVSMI_TIMEOUT_S} true >/dev/null 2>&1;",
         f'then t="timeout {_NVSMI_TIMEOUT_S}"; fi;',
-        f"m gpus; $t {_GPU_QUERY} 2>&1; m status gpus $?;",
-        f"m gpu_processes; $t {_APPS_QUERY} 2>&1; m status gpu_processes $?;",
+        f"m gpus; $t {_GPU_QUERY} 2>&1; s=$?; m status gpus $s;",
+        # A wedged driver would make the second query wait out its timeout too: skip it.
+        f'm gpu_processes; if [ "$s" = 0 ]; then $t {_APPS_QUERY} 2>&1; else (exit $s); fi;',
+        "m status gpu_processes $?;",
         "fi;",
         "m end",
     )

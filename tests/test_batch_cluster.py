@@ -251,3 +251,23 @@ def test_a_host_down_at_the_start_is_used_once_it_answers(cluster4: Cluster, tmp
     assert "warning: h2" in result.stderr and "host h2 is back" in result.stderr
     where = Counter((tmp_path / "job_results" / f"b.sh.{n}.out").read_text().strip() for n in range(1, 41))
     assert where["h2"] > 0 and where["h1"] > 0
+
+
+@pytest.mark.namespaces
+def test_a_host_whose_probe_hangs_or_lies_is_set_aside_with_a_reason(make_cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from tests.cluster import GpuSpec, HostSpec
+
+    cluster = make_cluster([HostSpec(gpus=[GpuSpec(memory_mb=16000)]) for _ in range(3)])
+    garbage, hanging = cluster.hosts[1], cluster.hosts[2]
+    (garbage.dir / "bin" / "nvidia-smi").write_text("#!/bin/sh\necho 'this is not csv, at all'\n")
+    # A probe that never answers: /proc/meminfo readers block on this host's FIFO.
+    (hanging.dir / "bin" / "nvidia-smi").write_text("#!/bin/sh\nexec sleep 1000\n")
+    (tmp_path / "b.sh").write_text("hostname\n" * 6)
+    started = time.monotonic()
+    result = run_batch(tmp_path, "b.sh", *machines(cluster), "--gpu-memory-required", "1000", "--no-reserve-gpu")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert time.monotonic() - started < 40
+    where = {(tmp_path / "job_results" / f"b.sh.{n}.out").read_text().strip() for n in range(1, 7)}
+    assert where == {"h1"}  # only the host whose GPUs could be read takes GPU jobs
+    header = result.stdout.splitlines()[1]
+    assert header.startswith("machine gpu choices: [[0]")
