@@ -260,7 +260,7 @@ def test_a_host_whose_probe_hangs_or_lies_is_set_aside_with_a_reason(make_cluste
     cluster = make_cluster([HostSpec(gpus=[GpuSpec(memory_mb=16000)]) for _ in range(3)])
     garbage, hanging = cluster.hosts[1], cluster.hosts[2]
     (garbage.dir / "bin" / "nvidia-smi").write_text("#!/bin/sh\necho 'this is not csv, at all'\n")
-    # A probe that never answers: /proc/meminfo readers block on this host's FIFO.
+    # An nvidia-smi that never answers (a wedged driver): the probe gives up on it after its timeout.
     (hanging.dir / "bin" / "nvidia-smi").write_text("#!/bin/sh\nexec sleep 1000\n")
     (tmp_path / "b.sh").write_text("hostname\n" * 6)
     started = time.monotonic()
