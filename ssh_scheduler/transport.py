@@ -647,8 +647,8 @@ class SSHTransport:
             await _refuse_if_key_changed(machine, known, tunnel)
             if isinstance(exc, ConnectionResetError):
                 raise HostUnreachableError(
-                    f"{describe(machine)}: {exc.strerror or exc}; check the address and port, "
-                    f"and that sshd runs"
+                    f"{describe(machine)}: {_os_reason(exc)}; check the address and port, and "
+                    f"that sshd runs"
                 ) from None
             raise TransportError(f"{describe(machine)}: {exc.reason}") from None
         except asyncssh.PermissionDenied:
@@ -668,9 +668,9 @@ class SSHTransport:
                 f"check that the host is up and reachable (or raise connect_timeout)"
             ) from None
         except OSError as exc:
-            reason = exc.strerror or str(exc)
             raise HostUnreachableError(
-                f"{describe(machine)}: {reason}; check the address and port, and that sshd runs"
+                f"{describe(machine)}: {_os_reason(exc)}; check the address and port, and that "
+                f"sshd runs"
             ) from None
         except asyncssh.Error as exc:
             raise TransportError(f"{describe(machine)}: {exc.reason}") from None
@@ -866,7 +866,7 @@ async def _open_jump_hosts(machine: Machine) -> list[Any]:
                     f"{label}: no answer within {machine.connect_timeout:g} s"
                 ) from None
             except OSError as exc:
-                raise HostUnreachableError(f"{label}: {exc.strerror or exc}") from None
+                raise HostUnreachableError(f"{label}: {_os_reason(exc)}") from None
             except asyncssh.Error as exc:
                 raise TransportError(f"{label}: {exc.reason}") from None
             conns.append(conn)
@@ -875,6 +875,11 @@ async def _open_jump_hosts(machine: Machine) -> list[Any]:
             conn.close()
         raise
     return conns
+
+
+def _os_reason(exc: OSError) -> str:
+    # asyncio reports a refused connect as "Connect call failed (...)": say what errno means.
+    return os.strerror(exc.errno).lower() if exc.errno else (exc.strerror or str(exc))
 
 
 class _Stalled(Exception):

@@ -1,0 +1,301 @@
+"""A hostile SSH/SFTP server, run in-process with asyncssh, that impersonates the host agent.
+
+It listens on 127.0.0.1 (port 0) with a fresh host key and accepts one generated client key.
+A command starting with ``exec python3 -u -c`` (``transport.agent_bootstrap``) gets an agent that
+speaks the JSON-lines protocol of ``ssh_scheduler/agent.py`` but answers ``manifest`` with
+whatever the test put in :attr:`HostileServer.scenarios` for that job; the SFTP subsystem serves
+file contents from memory (or forever, for :data:`ENDLESS`) and never touches the local disk.
+
+Nothing here writes to the file system except the key files the test asks for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+
+from ssh_scheduler.config import Machine
+from ssh_scheduler.probe import PROBE_SCRIPT
+
+ENDLESS = object()
+"""File content that never ends (every SFTP read returns a full block)."""
+STALL = object()
+"""File content that never comes (every SFTP read waits forever, like an idle FIFO)."""
+
+ROOT = "/evil"
+AGENT_PREFIX = "exec python3 -u -c"
+
+_probe_output: str | None = None
+
+
+def probe_output() -> str:
+    """A valid probe answer: the real probe script run on this machine."""
+    global _probe_output
+    if _probe_output is None:
+        _probe_output = subprocess.run(
+            ["/bin/sh", "-c", PROBE_SCRIPT], capture_output=True, text=True, timeout=30, check=False
+        ).stdout
+    return _probe_output
+
+
+@dataclass
+class Scenario:
+    """What the host claims a job left behind."""
+
+    entries: list[Any] | Callable[[], list[Any]] = field(default_factory=list)
+    contents: dict[str, Any] = field(default_factory=dict)
+    """rel -> bytes, ENDLESS, STALL, or an SFTPError that opening it raises; a rel not here
+    reads as b"data of <rel>"."""
+    exit_code: int = 0
+    output: bytes = b""
+
+
+class _Handle:
+    def __init__(self, path: str, content: Any = None, writing: bool = False) -> None:
+        self.path = path
+        self.content = content
+        self.writing = writing
+        self.data = bytearray()
+
+
+class HostileServer:
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.scenarios: dict[str, Scenario] = {}
+        self.missing_all = False  # answer `have` with every hash missing (forces SFTP uploads)
+        self.endless_hello = False  # answer `hello` with one line that never ends
+        self.opened: list[str] = []  # every path the client asked the SFTP server to open
+        self.uploaded: dict[str, bytes] = {}
+        self.requests: list[dict[str, Any]] = []  # every agent request seen
+        self.commands: list[str] = []  # every exec'd command
+        self.server: Any = None
+        self.port = 0
+        self.host_key = asyncssh.generate_private_key("ssh-ed25519")
+        self.client_key = asyncssh.generate_private_key("ssh-ed25519")
+        self.key_path = base / "id_client"
+        self.client_key.write_private_key(str(self.key_path))
+        os.chmod(self.key_path, 0o600)
+        self.known_hosts = base / "known_hosts"
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    async def start(self) -> HostileServer:
+        server = self
+
+        class SFTP(_HostileSFTP):
+            owner = server
+
+        self.server = await asyncssh.listen(
+            "127.0.0.1",
+            0,
+            server_host_keys=[self.host_key],
+            authorized_client_keys=asyncssh.import_authorized_keys(
+                self.client_key.export_public_key().decode()
+            ),
+            process_factory=self._process,
+            sftp_factory=SFTP,
+            encoding=None,
+            allow_scp=False,
+            agent_forwarding=False,
+        )
+        self.port = self.server.sockets[0].getsockname()[1]
+        public = self.host_key.export_public_key().decode().strip()
+        self.known_hosts.write_text(f"[127.0.0.1]:{self.port} {public}\n")
+        return self
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+
+    def machine(self, **overrides: Any) -> Machine:
+        fields: dict[str, Any] = dict(
+            name="evil",
+            host="127.0.0.1",
+            port=self.port,
+            user="tester",
+            key_paths=(str(self.key_path),),
+            known_hosts=(str(self.known_hosts),),
+            connect_timeout=10.0,
+        )
+        fields.update(overrides)
+        return Machine(**fields)
+
+    # -- the fake agent ---------------------------------------------------------------------
+    def scenario_for(self, jobdir: str) -> Scenario:
+        name = jobdir.rsplit("/", 1)[-1].split("-", 1)[-1]
+        return self.scenarios.get(name, Scenario())
+
+    async def _process(self, process: asyncssh.SSHServerProcess[bytes]) -> None:
+        command = process.command or ""
+        self.commands.append(command)
+        if not command.startswith(AGENT_PREFIX):
+            process.stderr.write(b"hostile: only the agent is spoken here\n")
+            process.exit(127)
+            return
+        try:
+            await self._agent(process)
+        except Exception:  # the client hung up on us: expected, we are hostile
+            pass
+        finally:
+            with contextlib.suppress(Exception):
+                process.exit(0)
+
+    async def _agent(self, process: asyncssh.SSHServerProcess[bytes]) -> None:
+        def send(obj: dict[str, Any]) -> None:
+            process.stdout.write((json.dumps(obj) + "\n").encode())
+
+        while True:
+            line = await process.stdin.readline()
+            if not line:
+                return
+            req = json.loads(line)
+            self.requests.append(req)
+            op, rid = req.get("op"), req.get("id")
+            if op == "hello" and self.endless_hello:
+                process.stdout.write(b'{"ev":"hello","root":"')
+                block = b"x" * (1 << 20)
+                while True:
+                    process.stdout.write(block)
+                    await process.stdout.drain()
+            elif op == "hello":
+                send({"ev": "hello", "id": rid, "pid": 4242, "root": ROOT, "python": "3.11.0"})
+            elif op == "ping":
+                pass
+            elif op == "bye":
+                return
+            elif op == "probe":
+                send({"ev": "probe", "id": rid, "out": probe_output(), "rc": 0, "own": {}})
+            elif op == "have":
+                missing = list(req["hashes"]) if self.missing_all else []
+                send({"ev": "have", "id": rid, "missing": missing})
+            elif op == "stage":
+                send({"ev": "staged", "id": rid})
+            elif op == "run":
+                scenario = self.scenario_for(req["cwd"])
+                job = req["job"]
+                send({"ev": "started", "job": job, "pid": 4243})
+                if scenario.output:
+                    data = base64.b64encode(scenario.output).decode()
+                    send({"ev": "out", "job": job, "fd": 1, "data": data})
+                done: dict[str, Any] = {"ev": "exit", "job": job, "code": scenario.exit_code}
+                if "manifest" in req:  # the results listing rides on the exit event
+                    entries = scenario.entries
+                    done["entries"] = entries() if callable(entries) else entries
+                send(done)
+            elif op == "kill":
+                pass
+            elif op == "manifest":
+                entries = self.scenario_for(req["dir"]).entries
+                if callable(entries):
+                    entries = entries()
+                send({"ev": "manifest", "id": rid, "entries": entries})
+            elif op == "remove":
+                send({"ev": "removed", "id": rid})
+            else:
+                send({"ev": "error", "id": rid, "message": f"unknown op {op!r}"})
+            await process.stdout.drain()
+
+    # -- the fake file system (used by the SFTP server) ---------------------------------------
+    def content_for(self, path: str) -> Any:
+        prefix = ROOT + "/jobs/"
+        if not path.startswith(prefix):
+            raise asyncssh.SFTPNoSuchFile(path)
+        jobdir_name, _, rel = path[len(prefix) :].partition("/")
+        scenario = self.scenario_for(jobdir_name)
+        return scenario.contents.get(rel, f"data of {rel}".encode("utf-8", "surrogateescape"))
+
+
+class _HostileSFTP(asyncssh.SFTPServer):
+    """Serves everything from memory; every method that would touch a real file is replaced."""
+
+    owner: HostileServer
+
+    def open(self, path: bytes, pflags: int, attrs: asyncssh.SFTPAttrs) -> _Handle:
+        name = os.fsdecode(path)
+        if pflags & asyncssh.FXF_WRITE:
+            return _Handle(name, writing=True)
+        self.owner.opened.append(name)
+        content = self.owner.content_for(name)
+        if isinstance(content, Exception):
+            raise content
+        return _Handle(name, content)
+
+    def read(self, file_obj: _Handle, offset: int, size: int) -> Any:
+        if file_obj.content is STALL:
+            return asyncio.get_running_loop().create_future()  # never resolved
+        if file_obj.content is ENDLESS:
+            return b"\xff" * size
+        data = bytes(file_obj.content)
+        return data[offset : offset + size]
+
+    def write(self, file_obj: _Handle, offset: int, data: bytes) -> int:
+        end = offset + len(data)
+        if len(file_obj.data) < end:
+            file_obj.data.extend(b"\0" * (end - len(file_obj.data)))
+        file_obj.data[offset:end] = data
+        return len(data)
+
+    def close(self, file_obj: _Handle) -> None:
+        if file_obj.writing:
+            self.owner.uploaded[file_obj.path] = bytes(file_obj.data)
+
+    def _attrs(self, size: int) -> asyncssh.SFTPAttrs:
+        return asyncssh.SFTPAttrs(type=asyncssh.FILEXFER_TYPE_REGULAR, size=size, permissions=0o100644)
+
+    def fstat(self, file_obj: _Handle) -> asyncssh.SFTPAttrs:
+        if file_obj.writing:
+            return self._attrs(len(file_obj.data))
+        if file_obj.content is ENDLESS or file_obj.content is STALL:
+            return self._attrs(1 << 62)
+        return self._attrs(len(file_obj.content))
+
+    def stat(self, path: bytes) -> asyncssh.SFTPAttrs:
+        name = os.fsdecode(path)
+        if name in self.owner.uploaded:
+            return self._attrs(len(self.owner.uploaded[name]))
+        raise asyncssh.SFTPNoSuchFile(name)
+
+    lstat = stat
+
+    def setstat(self, path: bytes, attrs: asyncssh.SFTPAttrs) -> None:
+        return None
+
+    def fsetstat(self, file_obj: _Handle, attrs: asyncssh.SFTPAttrs) -> None:
+        return None
+
+    def posix_rename(self, oldpath: bytes, newpath: bytes) -> None:
+        old, new = os.fsdecode(oldpath), os.fsdecode(newpath)
+        self.owner.uploaded[new] = self.owner.uploaded.pop(old, b"")
+
+    rename = posix_rename
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise asyncssh.SFTPPermissionDenied("not here")
+
+    remove = mkdir = rmdir = readlink = symlink = link = _refuse  # type: ignore[assignment]
+    statvfs = fstatvfs = lsetstat = _refuse  # type: ignore[assignment]
+
+    def realpath(self, path: bytes) -> bytes:
+        return path
+
+    async def scandir(self, path: bytes) -> Any:  # type: ignore[override]
+        raise asyncssh.SFTPPermissionDenied("not here")
+        yield  # pragma: no cover
+
+
+async def start_hostile(base: Path) -> HostileServer:
+    return await HostileServer(base).start()
+
+
+def run_in_loop(coro: Any) -> Any:  # pragma: no cover - convenience for manual runs
+    return asyncio.run(coro)
