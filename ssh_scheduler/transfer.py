@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import TransferError
+from .errors import TransferError, TransportError
 from .runner import HostSession
 from .transport import RemoteFileError, SizeLimitExceeded, printable
 
@@ -136,9 +136,14 @@ class HostCache:
             self._ready[f.key] = loop.create_future()
         if new:
             try:
-                missing = set(
-                    await self.host.have([f.key for f in new], {f.key: f.size for f in new})
-                )
+                try:
+                    missing = set(
+                        await self.host.have([f.key for f in new], {f.key: f.size for f in new})
+                    )
+                except (KeyError, TypeError, ValueError):
+                    raise TransportError(
+                        f"{self.host.name}: the agent sent a malformed answer about its cache"
+                    ) from None
                 await asyncio.gather(*(self._upload(f) for f in new if f.key in missing))
             except BaseException as exc:
                 for f in new:

@@ -647,8 +647,8 @@ class SSHTransport:
             await _refuse_if_key_changed(machine, known, tunnel)
             if isinstance(exc, ConnectionResetError):
                 raise HostUnreachableError(
-                    f"{describe(machine)}: {_os_reason(exc)}; check the address and port, and "
-                    f"that sshd runs"
+                    f"{describe(machine)}: {_os_reason(exc, machine.host, machine.port)}; check "
+                    f"the address and port, and that sshd runs"
                 ) from None
             raise TransportError(f"{describe(machine)}: {exc.reason}") from None
         except asyncssh.PermissionDenied:
@@ -669,8 +669,8 @@ class SSHTransport:
             ) from None
         except OSError as exc:
             raise HostUnreachableError(
-                f"{describe(machine)}: {_os_reason(exc)}; check the address and port, and that "
-                f"sshd runs"
+                f"{describe(machine)}: {_os_reason(exc, machine.host, machine.port)}; check the "
+                f"address and port, and that sshd runs"
             ) from None
         except asyncssh.Error as exc:
             raise TransportError(f"{describe(machine)}: {exc.reason}") from None
@@ -866,7 +866,7 @@ async def _open_jump_hosts(machine: Machine) -> list[Any]:
                     f"{label}: no answer within {machine.connect_timeout:g} s"
                 ) from None
             except OSError as exc:
-                raise HostUnreachableError(f"{label}: {_os_reason(exc)}") from None
+                raise HostUnreachableError(f"{label}: {_os_reason(exc, host, port)}") from None
             except asyncssh.Error as exc:
                 raise TransportError(f"{label}: {exc.reason}") from None
             conns.append(conn)
@@ -877,9 +877,11 @@ async def _open_jump_hosts(machine: Machine) -> list[Any]:
     return conns
 
 
-def _os_reason(exc: OSError) -> str:
-    # asyncio reports a refused connect as "Connect call failed (...)": say what errno means.
-    return os.strerror(exc.errno).lower() if exc.errno else (exc.strerror or str(exc))
+def _os_reason(exc: OSError, host: str, port: int | None) -> str:
+    """``connect to HOST port PORT: connection refused``, as OpenSSH words it (asyncio's own
+    "Connect call failed (...)" does not say what happened)."""
+    reason = os.strerror(exc.errno).lower() if exc.errno else (exc.strerror or str(exc))
+    return f"connect to {host} port {port or 22}: {reason}"
 
 
 class _Stalled(Exception):

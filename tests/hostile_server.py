@@ -74,6 +74,7 @@ class HostileServer:
         self.scenarios: dict[str, Scenario] = {}
         self.missing_all = False  # answer `have` with every hash missing (forces SFTP uploads)
         self.endless_hello = False  # answer `hello` with one line that never ends
+        self.bad_have = False  # answer `have` with something that is not a list
         self.opened: list[str] = []  # every path the client asked the SFTP server to open
         self.uploaded: dict[str, bytes] = {}
         self.requests: list[dict[str, Any]] = []  # every agent request seen
@@ -176,8 +177,8 @@ class HostileServer:
             elif op == "probe":
                 send({"ev": "probe", "id": rid, "out": probe_output(), "rc": 0, "own": {}})
             elif op == "have":
-                missing = list(req["hashes"]) if self.missing_all else []
-                send({"ev": "have", "id": rid, "missing": missing})
+                missing: Any = list(req["hashes"]) if self.missing_all else []
+                send({"ev": "have", "id": rid, "missing": 5 if self.bad_have else missing})
             elif op == "stage":
                 send({"ev": "staged", "id": rid})
             elif op == "run":

@@ -343,6 +343,17 @@ async def test_an_endless_agent_line_is_refused(hostile: HostileServer, tmp_path
         )
 
 
+async def test_a_malformed_cache_answer_is_a_transport_error(hostile: HostileServer, tmp_path: Path) -> None:
+    hostile.bad_have = True
+    src, results = workspace(tmp_path)
+    with pytest.raises(TransportError, match="malformed answer"):
+        await execute_remote(
+            hostile.machine(), "true",
+            RemoteOptions(job_name="have", results_dir=results, base_dir=src),
+            stdout=(), stderr=(),
+        )
+
+
 async def test_uploads_go_only_into_the_host_cache(hostile: HostileServer, tmp_path: Path) -> None:
     hostile.missing_all = True
     hostile.scenarios["up"] = Scenario(entries=[["out.txt", "file", 3, 0o644, None]])
