@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import Machine
-from .errors import TransferError, TransportError
+from .errors import BatchError, TransferError, TransportError
 from .runner import DEFAULT_LEASE, HostSession
 from .transfer import CopyLimits, Hasher, HostCache, collect_forward, fetch_back, send_forward
 from .transport import connect
@@ -48,6 +48,8 @@ async def execute_remote(
 
     Output goes live to the given file descriptors and to ``job_results/<job>.out``/``.err``.
     """
+    if "\x00" in command:
+        raise BatchError("the command contains a NUL byte; remove it")
     name = options.job_name or default_job_name()
     results = options.results_dir
     final = results / name

@@ -14,12 +14,13 @@ import itertools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from .errors import ConnectionLostError, TransportError
-from .transport import AgentProcess, Transport, describe
+from .transport import AgentProcess, Transport, describe, printable
 
 DEFAULT_LEASE = 60.0
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +69,8 @@ class HostSession:
         self.agent = await self.transport.start_agent(self.token)
         self._tasks.append(asyncio.create_task(self._read_events()))
         hello = await self._call({"op": "hello", "lease": self.lease}, timeout=30)
-        self.root = str(hello["root"])
-        self.agent_jobs = dict(hello.get("jobs") or {})
+        self.root = self._field(hello, "root", str)
+        self.agent_jobs = self._field(hello, "jobs", dict) if hello.get("jobs") else {}
         self._tasks.append(asyncio.create_task(self._renew_lease()))
         return self
 
@@ -134,8 +135,18 @@ class HostSession:
         finally:
             self._calls.pop(call_id, None)
         if reply.get("ev") == "error":
-            raise TransportError(f"{describe(self.machine)}: agent: {reply.get('message')}")
+            raise TransportError(f"{describe(self.machine)}: agent: {printable(reply.get('message'))}")
         return reply
+
+    def _field(self, reply: dict[str, Any], key: str, kind: type[T]) -> T:
+        """A field of an agent's reply, checked: a host must not crash us with a bad answer."""
+        value = reply.get(key)
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+            raise ConnectionLostError(
+                f"{describe(self.machine)}: the agent sent a malformed reply ({key!r} is not a "
+                f"{kind.__name__}); is the host's python3 working?"
+            )
+        return value
 
     async def _read_events(self) -> None:
         assert self.agent is not None
@@ -172,11 +183,13 @@ class HostSession:
             elif not running.done.done():
                 code = event.get("code")
                 if code is None:  # staging failed, or the agent does not know the job
-                    running.done.set_result(JobExit(None, host_lost=True, message=event.get("message")))
+                    running.done.set_result(
+                        JobExit(None, host_lost=True, message=printable(event.get("message")))
+                    )
                 else:
                     entries = event.get("entries")
                     running.done.set_result(
-                        JobExit(int(code), message=event.get("message"), entries=entries)
+                        JobExit(int(code), message=printable(event.get("message")), entries=entries)
                     )
             return
         call = self._calls.get(event.get("id", -1))
@@ -185,7 +198,7 @@ class HostSession:
         elif kind == "error" and job is not None and job in self._jobs:
             running = self._jobs[job]
             if not running.done.done():
-                running.done.set_result(JobExit(127, message=str(event.get("message"))))
+                running.done.set_result(JobExit(127, message=printable(event.get("message"))))
 
     def _mark_lost(self, reason: str) -> None:
         if self.lost is None:
@@ -209,18 +222,19 @@ class HostSession:
     # -- requests ---------------------------------------------------------------------------------
     async def probe(self, command: str, timeout: float = 30) -> tuple[str, int, dict[str, Any]]:
         reply = await self._call({"op": "probe", "cmd": command}, timeout)
-        return str(reply["out"]), int(reply["rc"]), dict(reply.get("own") or {})
+        own = self._field(reply, "own", dict) if reply.get("own") else {}
+        return self._field(reply, "out", str), self._field(reply, "rc", int), own
 
-    async def have(self, keys: list[str], sizes: dict[str, int]) -> list[str]:
+    async def have(self, keys: list[str], sizes: dict[str, int]) -> Any:
         reply = await self._call({"op": "have", "hashes": keys, "sizes": sizes}, 120)
-        return list(reply["missing"])
+        return reply.get("missing")  # transfer.HostCache checks what the host sent
 
     async def stage(self, jobdir: str, files: list[tuple[str, str]], dirs: list[str]) -> None:
         await self._call({"op": "stage", "dir": jobdir, "files": files, "dirs": dirs}, 300)
 
-    async def manifest(self, jobdir: str, paths: list[str] | None) -> list[list[Any]]:
+    async def manifest(self, jobdir: str, paths: list[str] | None) -> Any:
         reply = await self._call({"op": "manifest", "dir": jobdir, "paths": paths}, 300)
-        return list(reply["entries"])
+        return reply.get("entries")  # transfer.fetch_back checks what the host sent
 
     async def sweep(self, prefix: str) -> None:
         """Remove every job folder and output file whose name starts with ``prefix``."""

@@ -37,6 +37,7 @@ from .batch import Job
 from .config import Machine
 from .errors import (
     AuthenticationError,
+    BatchError,
     ConfigError,
     HostKeyError,
     ProbeError,
@@ -176,6 +177,9 @@ class Batch:
         err: Printer = print,
     ) -> None:
         self.jobs = list(jobs)
+        for job in self.jobs:
+            if "\x00" in job.command:  # the CLI cannot carry one, the Python API can
+                raise BatchError(f"job {job.name}: the command contains a NUL byte; remove it")
         self.hosts = {m.name: Host(m) for m in machines}
         self.options = options
         self.out = out
