@@ -591,7 +591,9 @@ def _gpu_needs(needs: Needs) -> str:
 
 def choose(machines: Sequence[MachineResources], needs: Needs) -> MachineResources | None:
     """The machine with the best :meth:`~MachineResources.score` for the job, or ``None`` when
-    it fits nowhere now.  Ties go to the smallest machine name, so plans are reproducible."""
+    it fits nowhere now.  Ties go to the machine running fewest of our jobs (jobs that need
+    nothing measurable would otherwise all land on one host), then to the smallest name, so
+    plans are reproducible."""
     best: MachineResources | None = None
     best_score = -math.inf
     for machine in machines:
@@ -600,7 +602,9 @@ def choose(machines: Sequence[MachineResources], needs: Needs) -> MachineResourc
         score = machine._cache_score if needs is machine._cache_needs else machine.score(needs)
         # -inf never beats best_score (which starts at -inf), so misfits need no test of their own.
         if score > best_score or (
-            score == best_score and best is not None and machine.name < best.name
+            score == best_score
+            and best is not None
+            and (len(machine._running), machine.name) < (len(best._running), best.name)
         ):
             best, best_score = machine, score
     return best

@@ -14,6 +14,7 @@ import asyncio
 import base64
 import contextlib
 import os
+import secrets
 import shlex
 import shutil
 import stat
@@ -155,7 +156,7 @@ class LocalTransport:
 
     def _copy_in(self, local: Path, remote: str, mode: int) -> int:
         final = os.path.expanduser(remote)
-        tmp = f"{final}.part{os.getpid()}"
+        tmp = f"{final}.part-{secrets.token_hex(6)}"  # two uploads of one file may race
         shutil.copyfile(local, tmp)
         os.chmod(tmp, mode)
         os.replace(tmp, final)
@@ -729,7 +730,7 @@ class SSHTransport:
         import asyncssh
 
         sftp = await self.sftp()
-        tmp = f"{remote}.part"
+        tmp = f"{remote}.part-{secrets.token_hex(6)}"  # another batch may upload the same file
         try:
             await sftp.put(str(local), tmp)
             await sftp.chmod(tmp, mode)

@@ -608,3 +608,13 @@ def test_update_falls_back_to_indices_when_uuids_are_not_unique() -> None:
     m.allocate("a", Needs(gpu_memory_mb=4000))
     m.update(host(gpus=same))
     assert m.gpu_free_memory_mb == (12000, 16000)
+
+
+def test_jobs_that_need_nothing_measurable_spread_over_hosts() -> None:
+    machines = [MachineResources(name, host(cpus=4)) for name in ("a", "b", "c", "d")]
+    free = Needs(gpus=0, cpus=0, memory_mb=0)
+    for n in range(8):
+        target = choose(machines, free)
+        assert target is not None
+        target.allocate(f"j{n}", free)
+    assert sorted(len(m.running) for m in machines) == [2, 2, 2, 2]
