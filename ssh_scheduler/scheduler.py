@@ -669,6 +669,11 @@ class Batch:
             if not outcome.ok and self._retry(job, host, outcome):
                 await self._quietly_remove(session, jobdir, job.name)
                 return
+            # The job's processes are gone: its CPUs, memory and GPUs are free for the next job
+            # while its results travel home.
+            if host.resources is not None:
+                host.resources.release(job.name)
+            self.capacity.set()
             await self._commit(job, session, jobdir, outcome, ended.entries)
         except asyncio.CancelledError:
             journal.record(job.name, "cancelled", host=host.machine.name)

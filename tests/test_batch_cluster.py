@@ -160,8 +160,10 @@ def test_inputs_reach_each_host_once_and_not_again(cluster4: Cluster, tmp_path: 
     assert sorted(p.name for p in result_dir.iterdir()) == ["mine.bin", "size.txt"]
     assert (result_dir / "size.txt").read_text().strip() == str(twenty_mb)
     # Remote job directories are removed once their results are home.
+    journal = (work / "job_results" / ".journal.jsonl").read_text()
+    token = re.search(r'"state":"batch","token":"([0-9a-f]+)"', journal).group(1)  # type: ignore[union-attr]
     for host in cluster4.hosts:
-        assert list((host.home / ".ssh_scheduler" / "jobs").iterdir()) == []
+        assert list((host.home / ".ssh_scheduler" / "jobs").glob(f"{token}-*")) == []
 
     again = run_batch(work, *args, "--results-dir", "job_results_2")
     assert again.returncode == 0, again.stdout + again.stderr

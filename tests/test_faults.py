@@ -109,6 +109,8 @@ def test_cut_network_requeues_and_leaves_nothing_behind(cluster4: Cluster, tmp_p
     while batch_processes(cut) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert batch_processes(cut) == []
+    token = next(e["token"] for e in journal(results) if e["state"] == "batch")
+    assert list((cut.home / ".ssh_scheduler" / "jobs").glob(f"{token}-*")) == []
 
 
 def test_killed_coordinator_rerun_until_done(cluster4: Cluster, tmp_path: Path) -> None:
