@@ -105,7 +105,7 @@ def _job_name_problem(name: str) -> str | None:
         return f"job name {_show(name)} contains '/'"
     if "\\" in name:
         return f"job name {_show(name)} contains '\\'"
-    if any(not ch.isprintable() and ch != " " for ch in name):
+    if not name.isprintable() and any(not ch.isprintable() and ch != " " for ch in name):
         return f"job name {_show(name)} contains a control character"
     if name in (".", ".."):
         return f"job name {_show(name)} is not allowed"
@@ -303,6 +303,8 @@ def _decode_lines(data: bytes, shown: str) -> list[str]:
 
 
 def _collision_key(name: str) -> str:
+    if name.isascii():  # the common case, 10x cheaper (a 100,000-line batch checks 300,000)
+        return name.lower()
     return unicodedata.normalize("NFC", name).casefold()
 
 
@@ -310,8 +312,10 @@ def _check_names(jobs: Sequence[Job], shown: str) -> None:
     """Unique names, and no name equal to another job's folder/.out/.err (ignoring case)."""
     occupied: dict[str, tuple[Job, str]] = {}
     for job in jobs:
-        for suffix in ("", *RESULT_SUFFIXES):
-            key = _collision_key(job.name + suffix)
+        # The suffixes are ASCII, so the key of name+suffix is the key of name, plus suffix.
+        base = _collision_key(job.name)
+        keys = [(base + suffix, suffix) for suffix in ("", *RESULT_SUFFIXES)]
+        for key, suffix in keys:
             other = occupied.get(key)
             if other is None:
                 continue
@@ -337,8 +341,8 @@ def _check_names(jobs: Sequence[Job], shown: str) -> None:
                 f"{owner_suffix} of job {_show(owner.name)} (line {owner.line_number}; rename "
                 "one of them with --job-name)"
             )
-        for suffix in ("", *RESULT_SUFFIXES):
-            occupied[_collision_key(job.name + suffix)] = (job, suffix)
+        for key, suffix in keys:
+            occupied[key] = (job, suffix)
 
 
 def parse_batch(data: bytes, batch_path: str, *, commands_mode: bool = False) -> list[Job]:

@@ -302,6 +302,9 @@ class Batch:
         transport = await connect(
             host.machine, accept_new=self.options.accept_new, keepalive=self.options.keepalive
         )
+        if self.options.dry_run:
+            host.transport = transport  # a plan needs one probe, not an agent
+            return
         session = HostSession(transport, lease=self.options.lease, token=self.token)
         try:
             await session.__aenter__()
@@ -330,7 +333,7 @@ class Batch:
         for host in self.hosts.values():
             if host.down:
                 self.err(f"warning: {host.down}")
-        if not any(h.session for h in self.hosts.values()):
+        if not any(h.transport for h in self.hosts.values()):
             raise TransportError("no host could be reached; nothing was run")
 
     async def _close_all(self) -> None:
@@ -349,7 +352,12 @@ class Batch:
         await asyncio.gather(*(one(h) for h in self.hosts.values()), return_exceptions=True)
 
     async def _probe_all(self, initial: bool = False) -> None:
-        hosts = [h for h in self.hosts.values() if h.session is not None and h.session.lost is None]
+        hosts = [
+            h
+            for h in self.hosts.values()
+            if (h.session is not None and h.session.lost is None)
+            or (self.options.dry_run and h.transport is not None)
+        ]
         await asyncio.gather(*(self._probe(h, initial) for h in hosts))
         if initial:
             states = [h.resources.state for h in self.hosts.values() if h.resources is not None]
@@ -360,12 +368,17 @@ class Batch:
         self.capacity.set()
 
     async def _probe(self, host: Host, initial: bool) -> None:
-        assert host.session is not None
         try:
-            text, _rc, own = await host.session.probe(PROBE_COMMAND)
+            if host.session is not None:
+                text, _rc, own = await host.session.probe(PROBE_COMMAND)
+            else:
+                assert host.transport is not None
+                async with asyncio.timeout(30):
+                    text = (await host.transport.exec(PROBE_COMMAND)).stdout.decode(errors="replace")
+                own = {}
             state = parse_probe_output(text)
-        except (ProbeError, TransportError) as exc:
-            reason = f"{describe(host.machine)}: probe failed: {exc}"
+        except (ProbeError, TransportError, TimeoutError) as exc:
+            reason = f"{describe(host.machine)}: probe failed: {exc or 'no answer in 30 s'}"
             if initial:
                 host.down = reason
                 self.err(f"warning: {reason}")
