@@ -238,21 +238,20 @@ COMMANDS: dict[str, Callable[..., None]] = {
 }
 
 
-def _register_execute_to() -> None:
-    try:
+def command(name: str) -> Callable[..., None]:
+    """The typer function of a command; execute_to's module loads only when it is wanted (start-up
+    time is part of every run)."""
+    if name == "execute_to":
         from .fleet import execute_to_command
-    except ImportError:
-        return
-    COMMANDS["execute_to"] = execute_to_command
 
-
-_register_execute_to()
+        return execute_to_command
+    return COMMANDS[name]
 
 
 def single(name: str) -> Callable[[], None]:
     def entry() -> None:
         app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-        app.command(name=name)(COMMANDS[name])
+        app.command(name=name)(command(name))
         app(args=expand_multi_value(sys.argv[1:]), prog_name=name)
 
     return entry
@@ -261,10 +260,7 @@ def single(name: str) -> Callable[[], None]:
 execute_batch_main = single("execute_batch")
 execute_remote_main = single("execute_remote")
 combine_folders_main = single("combine_folders")
-
-
-def execute_to_main() -> None:
-    single("execute_to")()
+execute_to_main = single("execute_to")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -274,7 +270,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="Run batches of shell commands across many machines and GPUs over plain SSH.",
         no_args_is_help=True,
     )
-    for name, func in COMMANDS.items():
+    for name in (*COMMANDS, "execute_to"):
+        func = command(name)
         app.command(name=name)(func)
         app.command(name=name.replace("_", "-"), hidden=True)(func)
     args = list(sys.argv[1:] if argv is None else argv)
