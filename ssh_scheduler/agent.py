@@ -131,7 +131,7 @@ class Agent(object):
         threading.Thread(target=self.watchdog, daemon=True).start()
         self.done = loop.create_future()
         await self.attach(reader, writer)
-        if not self.closing:
+        if not self.closing and self.jobs:
             await self.done  # detached: wait for a coordinator to come back, or the lease
         await self.wait_jobs()
         if self.tasks:  # requests that came before "bye" (a last remove, say) still run,

@@ -1,7 +1,7 @@
 """A hostile SSH/SFTP server, run in-process with asyncssh, that impersonates the host agent.
 
 It listens on 127.0.0.1 (port 0) with a fresh host key and accepts one generated client key.
-A command starting with ``exec python3 -u -c`` (``transport.agent_bootstrap``) gets an agent that
+A command starting with ``exec python3 -u -I -S -c`` (``transport.agent_bootstrap``) gets an agent that
 speaks the JSON-lines protocol of ``ssh_scheduler/agent.py`` but answers ``manifest`` with
 whatever the test put in :attr:`HostileServer.scenarios` for that job; the SFTP subsystem serves
 file contents from memory (or forever, for :data:`ENDLESS`) and never touches the local disk.
@@ -33,7 +33,7 @@ STALL = object()
 """File content that never comes (every SFTP read waits forever, like an idle FIFO)."""
 
 ROOT = "/evil"
-AGENT_PREFIX = "exec python3 -u -c"
+AGENT_PREFIX = "exec python3 -u -I -S -c"
 
 _probe_output: str | None = None
 
