@@ -7,6 +7,7 @@ so ``expand_multi_value`` rewrites such argv into the repeated-flag form before 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
@@ -248,11 +249,33 @@ def command(name: str) -> Callable[..., None]:
     return COMMANDS[name]
 
 
+def run_app(app: typer.Typer, args: Sequence[str], prog_name: str) -> None:
+    """Run a typer app; a reader that went away (``execute_to ... | head``) ends us quietly, as
+    it ends any Unix filter, instead of with a traceback."""
+    try:
+        app(args=expand_multi_value(args), prog_name=prog_name)
+    except BaseExceptionGroup as group:
+        rest = group.subgroup(lambda exc: not isinstance(exc, (BrokenPipeError, BaseExceptionGroup)))
+        if rest is not None:
+            raise
+        _quiet_broken_pipe()
+    except BrokenPipeError:
+        _quiet_broken_pipe()
+
+
+def _quiet_broken_pipe() -> None:
+    import os
+
+    with contextlib.suppress(OSError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    raise SystemExit(141)  # 128 + SIGPIPE, what a shell reports for a killed filter
+
+
 def single(name: str) -> Callable[[], None]:
     def entry() -> None:
         app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
         app.command(name=name)(command(name))
-        app(args=expand_multi_value(sys.argv[1:]), prog_name=name)
+        run_app(app, sys.argv[1:], name)
 
     return entry
 
@@ -275,4 +298,4 @@ def main(argv: Sequence[str] | None = None) -> None:
         app.command(name=name)(func)
         app.command(name=name.replace("_", "-"), hidden=True)(func)
     args = list(sys.argv[1:] if argv is None else argv)
-    app(args=expand_multi_value(args), prog_name="ssh-scheduler")
+    run_app(app, args, "ssh-scheduler")

@@ -517,6 +517,22 @@ def load_client_keys(machine: Machine) -> list[Any] | None:
     return keys
 
 
+_KEY_CACHE: dict[tuple[str, int, int], Any] = {}
+
+
+def _read_private_key(path: str) -> Any:
+    """Parse each key file once per process (a fleet usually shares one key: parsing it per host
+    was a sixth of a short batch's coordinator time).  Keyed by mtime and size, so an edited file
+    is read again; permissions are checked by the caller every time."""
+    import asyncssh
+
+    st = os.stat(path)
+    key = (os.path.abspath(path), st.st_mtime_ns, st.st_size)
+    if key not in _KEY_CACHE:
+        _KEY_CACHE[key] = asyncssh.read_private_key(path)
+    return _KEY_CACHE[key]
+
+
 def _load_client_keys(machine: Machine) -> tuple[list[Any] | None, list[str]]:
     import asyncssh
 
@@ -527,7 +543,7 @@ def _load_client_keys(machine: Machine) -> tuple[list[Any] | None, list[str]]:
     for path in machine.key_paths:
         check_key_permissions(path)
         try:
-            keys.append(asyncssh.read_private_key(path))
+            keys.append(_read_private_key(path))
         except asyncssh.KeyImportError as exc:
             if "assphrase" in str(exc):
                 if _agent_socket():
