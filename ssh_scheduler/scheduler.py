@@ -407,8 +407,9 @@ class Batch:
             await asyncio.sleep(MIN_PROBE_GAP)
 
     def _host_failed(self, host: Host, reason: str) -> None:
-        host.failures += 1
         if host.down is None:
+            # One outage counts once, however many of our jobs it took down with it.
+            host.failures += 1
             host.down = reason
             self.err(f"warning: host {host.machine.name} lost: {reason}")
         if host.failures >= self.options.quarantine_after and not host.quarantined:
