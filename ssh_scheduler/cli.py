@@ -287,6 +287,14 @@ execute_to_main = single("execute_to")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    wanted = args[0].replace("-", "_") if args else ""
+    if wanted in (*COMMANDS, "execute_to"):
+        # Build only the command asked for: the others' modules need not load (start-up time).
+        app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+        app.command(name=wanted)(command(wanted))
+        run_app(app, args[1:], f"ssh-scheduler {args[0]}")
+        return
     app = typer.Typer(
         add_completion=False,
         pretty_exceptions_enable=False,
@@ -297,5 +305,4 @@ def main(argv: Sequence[str] | None = None) -> None:
         func = command(name)
         app.command(name=name)(func)
         app.command(name=name.replace("_", "-"), hidden=True)(func)
-    args = list(sys.argv[1:] if argv is None else argv)
     run_app(app, args, "ssh-scheduler")
