@@ -62,6 +62,7 @@ class Job(object):
         self.transport = None
         self.pid = None
         self.code = None
+        self.ended = None  # a future resolved with the exit, for kills that wait on it
         self.subscribed = True
         self.files = {}
         self.jobdir = None
@@ -262,10 +263,13 @@ class Agent(object):
                     pass
 
     async def kill_job(self, job, grace):
+        """TERM the job's tree, wait (for its exit, not by polling) up to ``grace``, then KILL."""
         self.kill_tree(job, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while job.running and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        if job.running and job.ended is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(job.ended), grace)
+            except asyncio.TimeoutError:
+                pass
         self.kill_tree(job, signal.SIGKILL)
 
     # -- requests ---------------------------------------------------------------------------------
@@ -362,6 +366,7 @@ class Agent(object):
         job = Job(name, "%s:%s" % (self.token, name), req.get("out"), req.get("err"))
         job.jobdir = req["cwd"]
         job.manifest = req.get("manifest")
+        job.ended = asyncio.get_event_loop().create_future()
         self.jobs[name] = job
         if req.get("stage") is not None:
             try:
@@ -410,6 +415,8 @@ class Agent(object):
         elif code < 0:
             code = 128 - code
         job.code = code
+        if not job.ended.done():
+            job.ended.set_result(code)
         self.jobs_changed()
         if job.subscribed:
             self.send_exit(job)
