@@ -1,0 +1,37 @@
+"""The journal and what a rerun learns from it (pure: files in tmp_path, no hosts)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ssh_scheduler.batch import Job
+from ssh_scheduler.journal import JOURNAL_NAME, Journal, batch_token, last_states, read_journal
+from ssh_scheduler.policy import Resumable, changed_commands, in_flight
+
+
+def test_a_torn_last_line_is_ignored(tmp_path: Path) -> None:
+    with Journal.open(tmp_path) as journal:
+        journal.record("", "batch", token="abc")
+        journal.record("a", "started", host="h1", gpus=[1], command="echo a")
+    with open(tmp_path / JOURNAL_NAME, "ab") as f:
+        f.write(b'{"job":"a","state":"fini')  # the coordinator died mid-write
+    entries = read_journal(tmp_path)
+    assert [e["state"] for e in entries] == ["batch", "started"]
+    assert batch_token(tmp_path) == "abc"
+
+
+def test_states_fold_and_keep_the_command(tmp_path: Path) -> None:
+    with Journal.open(tmp_path) as journal:
+        journal.record("a", "placed", host="h1", gpus=[0], command="echo a")
+        journal.record("a", "started", host="h1", gpus=[0], command="echo a")
+        journal.record("a", "failed", code=3, host="h1")
+        journal.record("b", "started", host="h2", gpus=[], command="echo b")
+    last = last_states(tmp_path)
+    assert last["a"]["state"] == "failed" and last["a"]["command"] == "echo a"
+    jobs = [Job("a", "echo A", 1), Job("b", "echo b", 2)]
+    assert changed_commands(jobs, last) == ["a"]
+    assert in_flight(jobs, last) == {"b": Resumable("b", "h2", ())}
+
+
+def test_no_journal_means_a_new_batch(tmp_path: Path) -> None:
+    assert read_journal(tmp_path) == [] and batch_token(tmp_path) is None
