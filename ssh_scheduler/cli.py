@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import sys
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -64,7 +65,9 @@ def run_async(factory: Callable[[], Coroutine[Any, Any, T]], on_interrupt: Calla
             loop.add_signal_handler(sig, handler)
         return await factory()
 
-    return asyncio.run(main())
+    # Handled here too, not only around the app: click would turn a bare EPIPE into exit 1.
+    with quiet_on_broken_pipe():
+        return asyncio.run(main())
 
 
 def out_line(line: str) -> None:
@@ -250,25 +253,24 @@ def command(name: str) -> Callable[..., None]:
 
 
 def run_app(app: typer.Typer, args: Sequence[str], prog_name: str) -> None:
-    """Run a typer app; a reader that went away (``execute_to ... | head``) ends us quietly, as
-    it ends any Unix filter, instead of with a traceback."""
-    try:
+    with quiet_on_broken_pipe():
         app(args=expand_multi_value(args), prog_name=prog_name)
-    except BaseExceptionGroup as group:
-        rest = group.subgroup(lambda exc: not isinstance(exc, (BrokenPipeError, BaseExceptionGroup)))
-        if rest is not None:
+
+
+@contextlib.contextmanager
+def quiet_on_broken_pipe() -> Iterator[None]:
+    """A reader that went away (``execute_to ... | head``) ends us quietly with 141, as it ends
+    any Unix filter, instead of with a traceback (asyncio may wrap the error in a group)."""
+    try:
+        yield
+    except (BrokenPipeError, BaseExceptionGroup) as exc:
+        if isinstance(exc, BaseExceptionGroup) and exc.subgroup(
+            lambda e: not isinstance(e, (BrokenPipeError, BaseExceptionGroup))
+        ):
             raise
-        _quiet_broken_pipe()
-    except BrokenPipeError:
-        _quiet_broken_pipe()
-
-
-def _quiet_broken_pipe() -> None:
-    import os
-
-    with contextlib.suppress(OSError):
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    raise SystemExit(141)  # 128 + SIGPIPE, what a shell reports for a killed filter
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(141) from None  # 128 + SIGPIPE, what a shell reports for a filter
 
 
 def single(name: str) -> Callable[[], None]:
