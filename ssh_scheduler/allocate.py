@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from types import MappingProxyType
 
 from ssh_scheduler.errors import ConfigError
@@ -61,6 +61,7 @@ __all__ = [
     "GPU_UTILIZATION_TOLERANCE",
     "MachineResources",
     "Needs",
+    "NeedsOverride",
     "NoFit",
     "OwnUsage",
     "Placement",
@@ -116,6 +117,36 @@ class Needs:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ConfigError(f"{name} must be a whole number >= 0, not {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class NeedsOverride:
+    """The needs one job sets for itself (a ``--commands`` line with ``--num-cpus`` etc.); ``None``
+    fields take the batch's value.  ``gpus=0`` is ``--no-gpu-required``."""
+
+    cpus: float | None = None
+    memory_mb: int | None = None
+    gpus: int | None = None
+    gpu_memory_mb: int | None = None
+    gpu_utilization: float | None = None
+    reserve_machine: bool | None = None
+    reserve_gpu: bool | None = None
+
+    @property
+    def empty(self) -> bool:
+        return all(getattr(self, f.name) is None for f in fields(self))
+
+    def apply(self, base: Needs) -> Needs:
+        """``base`` with this job's own values put in (validated by :class:`Needs`)."""
+        values = {f.name: getattr(base, f.name) for f in fields(base)}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                values[f.name] = value
+        needs = Needs(**values)
+        if needs.gpus == 0:  # GPU fields mean nothing then; keep equal needs equal
+            needs = Needs(needs.cpus, needs.memory_mb, 0, 0, 0.0, needs.reserve_machine, False)
+        return needs
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,16 +29,20 @@ import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ssh_scheduler.errors import BatchError, plain_text, show_value
+from ssh_scheduler.allocate import Needs, NeedsOverride
+from ssh_scheduler.errors import BatchError, ConfigError, plain_text, show_value
 
 __all__ = [
     "MAX_JOB_NAME_BYTES",
     "RESERVED_NAMES",
     "RESERVED_PREFIXES",
     "RESULT_SUFFIXES",
+    "CommandLine",
     "Job",
+    "check_dependencies",
     "job_name_prefix",
     "parse_batch",
+    "parse_command_line",
     "parse_remote_command_line",
     "validate_job_name",
 ]
@@ -70,6 +74,22 @@ class Job:
     """``None``: the batch-level default; ``()``: copy nothing."""
     copy_backwards: tuple[str, ...] | None = None
     """``None``: the batch-level default; ``()``: copy nothing back."""
+    needs: NeedsOverride = NeedsOverride()
+    """What this job asks for itself; unset fields take the batch's needs."""
+    after: tuple[str, ...] = ()
+    """Names of jobs that must finish (exit 0) before this one starts."""
+
+
+@dataclass(frozen=True, slots=True)
+class CommandLine:
+    """One ``--commands`` line, parsed."""
+
+    command: str
+    copy_forwards: tuple[str, ...] | None = None
+    copy_backwards: tuple[str, ...] | None = None
+    job_name: str | None = None
+    needs: NeedsOverride = NeedsOverride()
+    after: tuple[str, ...] = ()
 
 
 def _show(value: str, limit: int = 60) -> str:
@@ -138,12 +158,40 @@ def validate_job_name(name: str) -> None:
 
 _MULTI_OPTIONS = {"--copy-forwards": "copy_forwards", "--copy-backwards": "copy_backwards"}
 _SINGLE_OPTIONS = {"--job-name": "job_name"}
+# Per-job needs: the execute_batch flags of the same names, for this line only.
+_NEED_OPTIONS: dict[str, tuple[str, type]] = {
+    "--num-cpus": ("cpus", float),
+    "--memory-required": ("memory_mb", int),
+    "--gpus-per-job": ("gpus", int),
+    "--gpu-memory-required": ("gpu_memory_mb", int),
+    "--gpu-utilization": ("gpu_utilization", float),
+}
+_NEED_FLAGS: dict[str, tuple[str, object]] = {
+    "--reserve": ("reserve_machine", True),
+    "--no-gpu-required": ("gpus", 0),
+    "--no-reserve-gpu": ("reserve_gpu", False),
+}
+_AFTER_OPTION = "--after"
 
 
 def parse_remote_command_line(
     line: str,
 ) -> tuple[str, tuple[str, ...] | None, tuple[str, ...] | None, str | None]:
-    """Parse one ``--commands`` line into ``(command, copy_forwards, copy_backwards, job_name)``.
+    """``(command, copy_forwards, copy_backwards, job_name)`` of :func:`parse_command_line`."""
+    parsed = parse_command_line(line)
+    return parsed.command, parsed.copy_forwards, parsed.copy_backwards, parsed.job_name
+
+
+def _need_value(option: str, kind: type, text: str) -> float | int:
+    try:
+        return int(text) if kind is int else float(text)
+    except ValueError:
+        what = "a whole number" if kind is int else "a number"
+        raise BatchError(f"{option} needs {what}, not {_show(text)}") from None
+
+
+def parse_command_line(line: str) -> CommandLine:
+    """Parse one ``--commands`` line.
 
     The line is split like a POSIX shell would (``shlex.split``), e.g.
     ``execute_remote --copy-forwards a test.py --copy-backwards a --job-name a 'python test.py'``.
@@ -153,6 +201,11 @@ def parse_remote_command_line(
       starting with ``-`` (zero words = copy nothing); they may be repeated (values add up) and
       written ``--opt=value`` (exactly that one value).  Not given: ``None`` (batch default).
     * ``--job-name NAME`` / ``--job-name=NAME`` sets the name (validated), at most once.
+    * The job's own needs, as the ``execute_batch`` flags of the same names: ``--num-cpus N``,
+      ``--memory-required MB``, ``--gpus-per-job N``, ``--gpu-memory-required MB``,
+      ``--gpu-utilization F``, ``--reserve``, ``--no-gpu-required``, ``--no-reserve-gpu``; unset
+      ones take the batch's values, so GPU and CPU jobs mix in one batch.
+    * ``--after NAME`` (repeatable): start only once job NAME finished with exit 0.
     * ``--`` ends the options: every word after it is positional.
     * Exactly one positional word is the command (quote it).  Unlike argparse, a command placed
       right after a multi-value option at the end of the line is still found: when no other
@@ -174,6 +227,8 @@ def parse_remote_command_line(
 
     lists: dict[str, list[str] | None] = {"copy_forwards": None, "copy_backwards": None}
     job_name: str | None = None
+    needs: dict[str, object] = {}
+    after: list[str] = []
     positionals: list[str] = []
     tail_list: list[str] | None = None  # the multi-value list that ran to the end of the line
     tail_start = 0
@@ -210,6 +265,33 @@ def parse_remote_command_line(
             if i == len(words) and len(current) > start:
                 tail_list, tail_start = current, start
             continue
+        if option in _NEED_FLAGS:
+            if eq:
+                raise BatchError(f"{option} takes no value (remove '={_show(value)}')")
+            field, flag_value = _NEED_FLAGS[option]
+            if field in needs:
+                raise BatchError(f"{option} sets {field} again (keep one)")
+            needs[field] = flag_value
+            i += 1
+            continue
+        if option in _NEED_OPTIONS or option == _AFTER_OPTION:
+            if eq:
+                text = value
+                i += 1
+            else:
+                if i + 1 >= len(words):
+                    raise BatchError(f"{option} needs a value (write {option} VALUE)")
+                text = words[i + 1]
+                i += 2
+            if option == _AFTER_OPTION:
+                validate_job_name(text)
+                after.append(text)
+                continue
+            field, kind = _NEED_OPTIONS[option]
+            if field in needs:
+                raise BatchError(f"{option} sets {field} again (keep one)")
+            needs[field] = _need_value(option, kind, text)
+            continue
         if option in _SINGLE_OPTIONS:
             if job_name is not None:
                 raise BatchError("--job-name is given twice (keep one)")
@@ -223,7 +305,7 @@ def parse_remote_command_line(
                 i += 2
             validate_job_name(job_name)
             continue
-        known = [*_MULTI_OPTIONS, *_SINGLE_OPTIONS]
+        known = [*_MULTI_OPTIONS, *_SINGLE_OPTIONS, *_NEED_OPTIONS, *_NEED_FLAGS, _AFTER_OPTION]
         close = difflib.get_close_matches(option, known, n=1)
         hint = f"did you mean {close[0]}? " if close else ""
         raise BatchError(
@@ -255,11 +337,22 @@ def parse_remote_command_line(
                 raise BatchError(f"{option} path {_show(value)} contains a NUL byte (remove it)")
     forwards = lists["copy_forwards"]
     backwards = lists["copy_backwards"]
-    return (
+    try:
+        override = NeedsOverride(**needs)  # type: ignore[arg-type]
+        override.apply(Needs())  # the same range checks as the execute_batch flags
+    except ConfigError as err:
+        message = str(err)
+        for option, (field, _kind) in _NEED_OPTIONS.items():
+            if message.startswith(field + " "):
+                message = option + message[len(field) :]
+        raise BatchError(message) from None
+    return CommandLine(
         command,
         tuple(forwards) if forwards is not None else None,
         tuple(backwards) if backwards is not None else None,
         job_name,
+        override,
+        tuple(after),
     )
 
 
@@ -345,6 +438,44 @@ def _check_names(jobs: Sequence[Job], shown: str) -> None:
             occupied[key] = (job, suffix)
 
 
+def check_dependencies(jobs: Sequence[Job], shown: str) -> None:
+    """Every ``after`` names a job of the batch, and no job waits on itself through a cycle:
+    such a batch could never finish, so it is refused before anything runs."""
+    by_name = {job.name: job for job in jobs}
+    for job in jobs:
+        for name in job.after:
+            if name not in by_name:
+                raise BatchError(
+                    f"{shown} line {job.line_number}: --after {_show(name)} names no job of this "
+                    "batch (use the other line's --job-name)"
+                )
+    # Iterative depth-first search: 0 unseen, 1 on the current path, 2 done.
+    mark: dict[str, int] = {}
+    for root in jobs:
+        if mark.get(root.name):
+            continue
+        stack: list[tuple[str, int]] = [(root.name, 0)]
+        mark[root.name] = 1
+        while stack:
+            name, index = stack[-1]
+            after = by_name[name].after
+            if index == len(after):
+                mark[name] = 2
+                stack.pop()
+                continue
+            stack[-1] = (name, index + 1)
+            nxt = after[index]
+            if mark.get(nxt) == 1:
+                cycle = [n for n, _ in stack[[n for n, _ in stack].index(nxt) :]] + [nxt]
+                raise BatchError(
+                    f"{shown} line {by_name[nxt].line_number}: jobs wait on each other in a "
+                    f"circle ({' -> '.join(_show(n, 30) for n in cycle)}); remove one --after"
+                )
+            if not mark.get(nxt):
+                mark[nxt] = 1
+                stack.append((nxt, 0))
+
+
 def parse_batch(data: bytes, batch_path: str, *, commands_mode: bool = False) -> list[Job]:
     """Parse a whole batch file (bytes as read) into jobs, in file order.
 
@@ -359,15 +490,13 @@ def parse_batch(data: bytes, batch_path: str, *, commands_mode: bool = False) ->
     for number, line in enumerate(lines, start=1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
-        forwards: tuple[str, ...] | None = None
-        backwards: tuple[str, ...] | None = None
-        name: str | None = None
-        command = line
+        parsed = CommandLine(line)
         if commands_mode:
             try:
-                command, forwards, backwards, name = parse_remote_command_line(line)
+                parsed = parse_command_line(line)
             except BatchError as err:
                 raise BatchError(f"{shown} line {number}: {err}") from None
+        name = parsed.job_name
         if name is None:
             name = f"{prefix}.{number}"
             problem = _job_name_problem(name)
@@ -376,10 +505,16 @@ def parse_batch(data: bytes, batch_path: str, *, commands_mode: bool = False) ->
                     f"{shown} line {number}: default {problem} (it comes from the batch file's "
                     "path: rename or move the file, or set names with --commands and --job-name)"
                 )
-        jobs.append(Job(name, command, number, forwards, backwards))
+        jobs.append(
+            Job(
+                name, parsed.command, number, parsed.copy_forwards, parsed.copy_backwards,
+                parsed.needs, parsed.after,
+            )
+        )
     if not jobs:
         raise BatchError(
             f"{shown}: no commands (every line is blank or a comment; write one command per line)"
         )
     _check_names(jobs, shown)
+    check_dependencies(jobs, shown)
     return jobs
