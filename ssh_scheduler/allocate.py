@@ -20,12 +20,25 @@ Accounting rules (all memory in MiB, as ``nvidia-smi`` reports it):
   cpus reserved by our jobs at probe time)``, capped at ``cpu_count - 1`` (a busy host keeps at
   least one core's room, so a lagging load average cannot starve a batch), fixed until the next
   probe.
-* **GPU memory** on GPU g: ``free = memory.free(g) + observed(our jobs placed on g) -
-  sum(max(reservation, observed))`` over our jobs placed on g, where observed is the
-  ``used_memory`` of g's compute processes whose pid belongs to the job.  Memory of anyone
-  else's process is never free (``memory.free`` already excludes it), and memory of our own
-  processes on a GPU the job was not placed on stays counted as used.  GPUs of different sizes
-  are compared in MiB, never as a fraction of a GPU.
+* **GPU memory** on GPU g, the invariant (checked on every placement, see
+  :meth:`MachineResources.gpu_promises`)::
+
+      others(g) + ghosts(g) + sum over our jobs j on g of max(reservation(j), observed(j, g))
+          <= capacity(g) = min(memory.total, memory.used + memory.free)
+
+  ``observed(j, g)`` is the ``used_memory`` of g's compute processes whose pid belongs to job j
+  (placed on g).  ``others(g)`` is every other process on g (anyone else's, a finished job's, our
+  job's process on a GPU it was not placed on) plus the memory no listed process accounts for:
+  ``memory.used - sum(listed processes)``, at least 0.  ``free`` is what is left of capacity.
+  Why not ``memory.free + observed``: the process list and ``memory.free`` come from two
+  ``nvidia-smi`` calls, and a job that started between them was added back as observed to a free
+  figure that never subtracted it (three 6500 MiB jobs on one 16384 MiB GPU).  The probe lists
+  processes first: a process that starts between the two calls is then in ``memory.used`` but not
+  in the list, so it counts as someone else's until the next probe: never too little.  A process
+  that ends between them can make the unaccounted part look smaller; so a released job's observed
+  memory stays charged as a *ghost* until a probe requested after the release lands
+  (:meth:`MachineResources.probe_started`).  GPUs of different sizes are compared in MiB, never as
+  a fraction of a GPU.
 * **GPU utilization** on g: a job asking ``u`` fits if ``others_util(g) + sum(u of our jobs on g)
   + u <= 1 + GPU_UTILIZATION_TOLERANCE``.  ``nvidia-smi`` cannot split utilization by process,
   so ``others_util(g)`` is the probed utilization minus what our jobs then on g reserved, and
@@ -197,7 +210,10 @@ class MachineResources:
         "_cpu_overload",
         "_cpu_reserved_milli",
         "_g_avail",
+        "_g_base",
         "_g_busy",
+        "_g_capacity",
+        "_g_ghosts",
         "_g_holds",
         "_g_idle",
         "_g_jobs",
@@ -212,6 +228,7 @@ class MachineResources:
         "_mem_seen",
         "_mem_total",
         "_others_load",
+        "_probe_generation",
         "_running",
         "_running_view",
         "_state",
@@ -231,6 +248,10 @@ class MachineResources:
         # on each of those GPUs).
         self._held: dict[str, tuple[tuple[int, ...], int, tuple[int, ...]]] = {}
         self._holder: str | None = None
+        # Released jobs' observed GPU memory, kept charged until a probe requested after the
+        # release lands: job -> (probe generation at release, positions, MiB on each).
+        self._g_ghosts: dict[str, tuple[int, tuple[int, ...], tuple[int, ...]]] = {}
+        self._probe_generation = 0
         # The last evaluation, valid while _cache_needs is set: every change of state resets it.
         self._cache_needs: Needs | None = None
         self._cache_score = -math.inf
@@ -239,36 +260,68 @@ class MachineResources:
 
     # ---------------------------------------------------------------- probe
 
-    def update(self, state: HostState, own: Mapping[str, OwnUsage] = _NO_USAGE) -> None:
+    def probe_started(self) -> int:
+        """Call when a probe of this host is requested; pass the number to :meth:`update` when
+        it lands.  Ghosts of jobs released before the request are cleared by that update."""
+        self._probe_generation += 1
+        return self._probe_generation
+
+    def update(
+        self,
+        state: HostState,
+        own: Mapping[str, OwnUsage] = _NO_USAGE,
+        generation: int | None = None,
+    ) -> None:
         """Take a fresh probe while jobs run.
 
         ``own`` maps job ids to what our agent observed for them; a running job missing from it
         counts as using exactly its reservation.  Entries for jobs no longer running still mark
-        their pids as ours (a finished job's process may linger in the probe) but charge nothing.
-        Running jobs keep their GPUs, found again by UUID.
+        their pids as ours (a finished job's process may linger in the probe: it does not make
+        the GPU someone else's for ``reserve_gpu``), but their memory counts as used.  Running
+        jobs keep their GPUs, found again by UUID.  ``generation`` is what
+        :meth:`probe_started` returned for this probe (``None``: a probe taken just now).
         """
+        if generation is None:
+            self._g_ghosts.clear()
+        else:
+            for job_id, ghost in list(self._g_ghosts.items()):
+                if ghost[0] < generation:
+                    del self._g_ghosts[job_id]
         gpus = state.gpus
         self._state = state
         self._cpu_capacity = state.cpu_count * self._cpu_overload
         self._mem_total = state.mem_total_mb
         self._mem_available = state.mem_available_mb
         self._g_total = [gpu.memory_total_mb for gpu in gpus]
+        self._g_capacity = [
+            min(gpu.memory_total_mb, gpu.memory_used_mb + gpu.memory_free_mb) for gpu in gpus
+        ]
         position_of = {gpu.uuid: position for position, gpu in enumerate(gpus)}
 
         own_pids: set[int] = set()
         for usage in own.values():
             own_pids.update(usage.pids)
+        # Which running job a pid belongs to, so its memory counts as that job's only on the
+        # GPUs the job was placed on.
+        running_pid: dict[int, str] = {}
+        for job_id in self._running:
+            observed_usage = own.get(job_id)
+            if observed_usage is not None:
+                for pid in observed_usage.pids:
+                    running_pid[pid] = job_id
         others = [False] * len(gpus)
+        listed = [0] * len(gpus)
         used_by_pid: dict[tuple[int, int], int] = {}
         for process in state.gpu_processes:
             position = position_of.get(process.gpu_uuid)
             if position is None:
                 continue
-            if process.pid in own_pids:
+            listed[position] += process.used_memory_mb
+            if process.pid not in own_pids:
+                others[position] = True
+            if process.pid in running_pid:
                 key = (process.pid, position)
                 used_by_pid[key] = used_by_pid.get(key, 0) + process.used_memory_mb
-            else:
-                others[position] = True
         self._g_others = others
 
         # GPUs are found again by UUID, which survives renumbering; should a probe ever show
@@ -284,14 +337,26 @@ class MachineResources:
             positions = tuple(position for position in found if position is not None)
             observed = own.get(job_id)
             pids = observed.pids if observed is not None else frozenset()
-            self._held[job_id] = (
-                positions,
-                observed.rss_mb if observed is not None else 0,
-                tuple(
-                    sum(used_by_pid.get((pid, position), 0) for pid in pids)
-                    for position in positions
-                ),
+            seen = tuple(
+                sum(used_by_pid.pop((pid, position), 0) for pid in pids) for position in positions
             )
+            self._held[job_id] = (positions, observed.rss_mb if observed is not None else 0, seen)
+        # What is left in used_by_pid: our running jobs' processes on GPUs they were not placed
+        # on; they count as anyone else's memory there.
+        attributed = [0] * len(gpus)
+        for held_positions, _rss, held_seen in self._held.values():
+            for position, seen_mb in zip(held_positions, held_seen, strict=True):
+                attributed[position] += seen_mb
+        # capacity - others(g), with others = (listed - attributed) + max(0, used - listed).
+        base = [
+            capacity - (gpu.memory_used_mb if gpu.memory_used_mb > listed[p] else listed[p])
+            + attributed[p]
+            for p, (gpu, capacity) in enumerate(zip(gpus, self._g_capacity, strict=True))
+        ]
+        for _generation, ghost_positions, ghost_mb in self._g_ghosts.values():
+            for position, mb in zip(ghost_positions, ghost_mb, strict=True):
+                base[position] -= mb
+        self._g_base = base
         self._recount()
 
         # The load average lags and counts everything runnable; capping other users' share at
@@ -319,7 +384,7 @@ class MachineResources:
         self._cpu_reserved_milli = 0
         self._mem_charge = 0
         self._mem_seen = 0
-        self._g_avail = [gpu.memory_free_mb for gpu in self._state.gpus]
+        self._g_avail = list(self._g_base)
         self._g_util_milli = [0] * count
         self._g_jobs = [0] * count
         self._g_holds = [0] * count
@@ -353,7 +418,7 @@ class MachineResources:
         others_util = self._g_others_util
         jobs = self._g_jobs
         for position, seen in zip(positions, seen_gpu, strict=True):
-            avail[position] -= sign * (max(gpu_memory, seen) - seen)
+            avail[position] -= sign * max(gpu_memory, seen)
             util_milli[position] += util
             busy[position] = others_util[position] + util_milli[position] / 1000
             before = jobs[position]
@@ -390,6 +455,21 @@ class MachineResources:
     def free_memory_mb(self) -> int:
         """RAM left for new jobs, in MiB."""
         return self._mem_available + self._mem_seen - self._mem_charge
+
+    def gpu_promises(self) -> tuple[tuple[int, int, int], ...]:
+        """Per GPU (in ``state.gpus`` order): ``(capacity, others + ghosts, ours)`` in MiB, where
+        ours is the sum over our jobs on it of max(reservation, observed).  The invariant is
+        ``others + ghosts + ours <= capacity`` after each placement (other users may of course
+        take more later; then nothing new is placed there)."""
+        ours = [0] * len(self._g_base)
+        for job_id, placement in self._running.items():
+            positions, _rss, seen = self._held[job_id]
+            for position, mb in zip(positions, seen, strict=True):
+                ours[position] += max(placement.needs.gpu_memory_mb, mb)
+        return tuple(
+            (capacity, capacity - base, mine)
+            for capacity, base, mine in zip(self._g_capacity, self._g_base, ours, strict=True)
+        )
 
     @property
     def gpu_free_memory_mb(self) -> tuple[int, ...]:
@@ -540,11 +620,20 @@ class MachineResources:
             uuids = tuple(gpus[position].uuid for position in positions)
         return self._hold(Placement(self.name, job_id, indices, needs, uuids), positions)
 
-    def _hold(self, placement: Placement, positions: tuple[int, ...]) -> Placement:
+    def _hold(
+        self, placement: Placement, positions: tuple[int, ...], check: bool = True
+    ) -> Placement:
         held = (positions, 0, (0,) * len(positions))
         self._running[placement.job_id] = placement
         self._held[placement.job_id] = held
         self._charge(placement.needs, held, +1)
+        if check and placement.needs.gpu_memory_mb and not placement.needs.reserve_machine:
+            for position in positions:
+                if self._g_avail[position] < 0:  # the invariant in the module docstring
+                    raise RuntimeError(
+                        f"bug: {placement.job_id} over-commits GPU {placement.gpu_indices} on "
+                        f"{self.name}: {self.gpu_promises()[position]}"
+                    )
         if placement.needs.reserve_machine:
             self._holder = placement.job_id
         self._cache_needs = None
@@ -566,14 +655,23 @@ class MachineResources:
             needs,
             tuple(gpus[p].uuid for p in positions),
         )
-        return self._hold(placement, positions)
+        return self._hold(placement, positions, check=False)
 
     def release(self, job_id: str) -> None:
         """Give back what the job held; releasing an unknown or released job does nothing."""
         placement = self._running.pop(job_id, None)
         if placement is None:
             return
-        self._charge(placement.needs, self._held.pop(job_id), -1)
+        held = self._held.pop(job_id)
+        self._charge(placement.needs, held, -1)
+        positions, _rss, seen = held
+        if any(seen):
+            # Its processes are gone, but the last probe still counts their memory as ours: keep
+            # it charged until a probe requested from now on shows the GPU again.
+            self._g_ghosts[job_id] = (self._probe_generation, positions, seen)
+            for position, mb in zip(positions, seen, strict=True):
+                self._g_base[position] -= mb
+                self._g_avail[position] -= mb
         if self._holder == job_id:
             self._holder = None
         self._cache_needs = None

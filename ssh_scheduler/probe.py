@@ -133,10 +133,13 @@ PROBE_SCRIPT = " ".join(
         f'then t="timeout -k 5 {_NVSMI_TIMEOUT_S}";',
         f"elif timeout {_NVSMI_TIMEOUT_S} true >/dev/null 2>&1;",
         f'then t="timeout {_NVSMI_TIMEOUT_S}"; fi;',
-        f"m gpus; $t {_GPU_QUERY} 2>&1; s=$?; m status gpus $s;",
+        # Processes first, memory second: a process starting between the two calls is then
+        # counted in memory.used but missing from the list, i.e. as someone else's memory
+        # (never too little); the other order hid it (see allocate's GPU memory rule).
+        f"m gpu_processes; $t {_APPS_QUERY} 2>&1; s=$?; m status gpu_processes $s;",
         # A wedged driver would make the second query wait out its timeout too: skip it.
-        f'm gpu_processes; if [ "$s" = 0 ]; then $t {_APPS_QUERY} 2>&1; else (exit $s); fi;',
-        "m status gpu_processes $?;",
+        f'm gpus; if [ "$s" = 0 ]; then $t {_GPU_QUERY} 2>&1; else (exit $s); fi;',
+        "m status gpus $?;",
         "fi;",
         "m end",
     )
@@ -454,12 +457,12 @@ def parse_probe_output(text: str) -> HostState:
     gpus: tuple[GpuState, ...] = ()
     processes: tuple[GpuProcess, ...] = ()
     gpu_error = None
-    if "gpus" in sections:
-        try:
-            gpus = parse_gpu_query(_nvidia_smi(sections, "gpus", "--query-gpu"))
+    if "gpus" in sections or "gpu_processes" in sections:
+        try:  # in the order the probe runs them, so the first failure is the one reported
             processes = parse_compute_apps(
                 _nvidia_smi(sections, "gpu_processes", "--query-compute-apps")
             )
+            gpus = parse_gpu_query(_nvidia_smi(sections, "gpus", "--query-gpu"))
         except ProbeError as err:
             gpus, processes, gpu_error = (), (), str(err)
     return HostState(

@@ -368,6 +368,7 @@ class Batch:
         self.capacity.set()
 
     async def _probe(self, host: Host, initial: bool) -> None:
+        generation = host.resources.probe_started() if host.resources is not None else None
         try:
             if host.session is not None:
                 text, _rc, own = await host.session.probe(PROBE_COMMAND)
@@ -392,7 +393,7 @@ class Batch:
         if host.resources is None:
             host.resources = MachineResources(host.machine.name, state)
         else:
-            host.resources.update(state, usage)
+            host.resources.update(state, usage, generation)
 
     async def _reprobe_loop(self) -> None:
         """Re-probe on a timer and when a job ends, at most once per ``MIN_PROBE_GAP`` seconds

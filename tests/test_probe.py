@@ -360,7 +360,7 @@ def test_probe_output_idle_gpu() -> None:
         (("bad", 2), ("", 0), r"^nvidia-smi --query-gpu failed \(exit 2\): bad$"),
         (None, None, "bad_query"),  # filled in from the capture below
         (("No devices were found", 6), ("", 0), "No devices were found"),
-        (("", 124), None, "timed out after 10 s"),
+        (None, ("", 124), "timed out after 10 s"),  # the first query timed out: no second
         (("0, U, N, 1, 0, 1, 0", 0), ("garbage here", 0), "compute-apps query"),
         (("0, U, N, 1, 0, 1, 0", 0), ("Failed to initialize NVML", 9), "exit 9"),
         (("0, U, N, 1, 0, 1, 0", 0), None, "did not report"),
@@ -518,4 +518,5 @@ def test_probe_command_with_failing_nvidia_smi(tmp_path: Path) -> None:
     fake = f"echo '{message}' >&2\nexit 2\n"
     state = parse_probe_output(run_probe(hermetic_bin(tmp_path, fake)))
     assert state.gpus == ()
-    assert state.gpu_error == f"nvidia-smi --query-gpu failed (exit 2): {message}"
+    # The process list is asked for first (see probe.PROBE_SCRIPT), so its failure is reported.
+    assert state.gpu_error == f"nvidia-smi --query-compute-apps failed (exit 2): {message}"
