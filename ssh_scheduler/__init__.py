@@ -1,3 +1,58 @@
-"""ssh_scheduler: run batches of shell commands across many machines and GPUs over plain SSH."""
+"""ssh_scheduler: run batches of shell commands across many machines and GPUs over plain SSH.
+
+The Python API, loaded on first use (``import ssh_scheduler`` alone stays cheap and loads
+neither asyncio nor asyncssh)::
+
+    from ssh_scheduler import run_batch, BatchOptions, parse_batch, load_machines
+    summary = asyncio.run(run_batch(parse_batch(data, "batch.sh"), load_machines(["gpu[1-4]"]), BatchOptions()))
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
+
+# name -> the module that defines it
+_API = {
+    "run_batch": "scheduler",
+    "Batch": "scheduler",
+    "BatchOptions": "scheduler",
+    "BatchSummary": "scheduler",
+    "JobOutcome": "scheduler",
+    "execute_remote": "remote",
+    "RemoteOptions": "remote",
+    "execute_to": "fleet",
+    "FleetOptions": "fleet",
+    "FleetResult": "fleet",
+    "HostResult": "fleet",
+    "combine_folders": "combine",
+    "parse_batch": "batch",
+    "Job": "batch",
+    "Needs": "allocate",
+    "NeedsOverride": "allocate",
+    "Machine": "config",
+    "load_machine": "config",
+    "load_machines": "config",
+    "local_machine": "config",
+    "Ended": "events",
+    "EventBus": "events",
+    "Planner": "plan",
+    "SchedulerError": "errors",
+}
+
+__all__ = ("__version__", *sorted(_API))
+
+
+def __getattr__(name: str) -> Any:
+    module = _API.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ssh_scheduler' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_API))

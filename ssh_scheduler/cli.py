@@ -186,6 +186,7 @@ def execute_remote(
     gpus: Annotated[str | None, typer.Option("--gpus", help="set CUDA_VISIBLE_DEVICES to this")] = None,
     accept_new: Annotated[bool, typer.Option("--accept-new", help="trust and record an unknown host key")] = False,
     results_dir: Annotated[Path, typer.Option("--results-dir")] = Path("job_results"),
+    timeout: Annotated[float | None, typer.Option("--timeout", help="seconds the job may run before its processes are killed (exit 124)")] = None,
 ) -> None:
     """Run one command on one machine, streaming its output; exits with its exit status."""
     from .batch import validate_job_name
@@ -204,8 +205,9 @@ def execute_remote(
             results_dir=results_dir,
             accept_new=accept_new,
             gpus=gpus,
+            timeout=timeout,
         )
-        code = run_async(lambda: run_remote(target, command, options))
+        code = run_async(lambda: run_remote(target, command, options, warn=lambda w: err_line(f"warning: {w}")))
     except SchedulerError as exc:
         raise fail(exc) from None
     except asyncio.CancelledError:
@@ -246,7 +248,7 @@ def command(name: str) -> Callable[..., None]:
     """The typer function of a command; execute_to's module loads only when it is wanted (start-up
     time is part of every run)."""
     if name == "execute_to":
-        from .fleet import execute_to_command
+        from .cli_fleet import execute_to_command
 
         return execute_to_command
     return COMMANDS[name]

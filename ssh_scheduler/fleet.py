@@ -28,15 +28,15 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
-
-import typer
+from typing import Any, TypeVar
 
 from .config import Machine
 from .errors import ConfigError, SchedulerError
+from .executors import AgentExecutor
 from .hostlist import fold
+from .jobrun import JobRun, JobSpec, job_environment
 from .runner import DEFAULT_LEASE, HostSession
-from .transfer import ForwardSet, Hasher, HostCache, collect_forward, send_forward
+from .transfer import ForwardSet, Hasher, collect_forward
 from .transport import Transport, connect
 
 LineSink = Callable[[str], None]
@@ -273,6 +273,12 @@ class _Capture:
         if self._err is not None:
             self._err.feed(data)
 
+    # The per-job pipeline's output interface (jobrun.Output).
+    offsets = (0, 0)
+
+    def write(self, fd: int, data: bytes) -> None:
+        self.on_output(fd, data)
+
     def on_output(self, fd: int, data: bytes) -> None:
         (self.on_stderr if fd == 2 else self.on_stdout)(data)
 
@@ -462,26 +468,22 @@ async def _run_with_files(
     forward: ForwardSet,
     capture: _Capture,
 ) -> int:
-    """Send the files into a fresh job directory, run the command there through the agent."""
+    """Send the files into a fresh job directory and run the command there, through the same
+    per-job pipeline as a batch job (its folder is removed afterwards, also when cancelled)."""
     async with HostSession(transport, lease=options.lease) as session:
+        executor = AgentExecutor(transport, session)
         name = f"execute_to.{secrets.token_hex(4)}"
-        jobdir = f"{session.root}/jobs/{name}"
-        try:
-            await send_forward(HostCache(session), forward, jobdir)
-            run = session.run(
-                name,
-                command,
-                cwd=jobdir,
-                env={"SSH_SCHEDULER_JOB": name},
-                out_path=None,
-                err_path=None,
-                on_output=capture.on_output,
-            )
-            ended = await _bounded(run, options.timeout)
-        finally:
-            if session.lost is None:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(session.remove(jobdir), 30)
+        spec = JobSpec(
+            name, command, executor.jobdir("fleet", name), job_environment(name, None), forward,
+            Path("."), copy_backwards=(), timeout=options.timeout,
+        )
+        run = JobRun(executor, spec, capture)
+        ended = await run.run()
+        if session.lost is None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(run.discard(), 30)
+    if ended.timed_out:
+        raise _TimedOut
     if ended.host_lost or ended.code is None:
         raise _HostLost(ended.message or "connection lost while the command ran")
     return ended.code
@@ -521,71 +523,3 @@ def take_trailing_command(
     if owner is None:
         return None
     return lists[owner].pop()
-
-
-MachinesOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--machines",
-        help="machine YAML files, ~/.ssh/config aliases or ranges like gpu[1-8,12]",
-    ),
-]
-
-
-def execute_to_command(
-    command: Annotated[
-        str | None,
-        typer.Argument(help="the shell command to run on every machine (may also come last, after the --machines values)"),
-    ] = None,
-    machines: MachinesOpt = None,
-    exclude_hosts: Annotated[list[str] | None, typer.Option("--exclude-hosts", "-x", help="hosts to leave out (ranges allowed)")] = None,
-    gather: Annotated[bool, typer.Option("--gather", "-b", help="print each distinct output once, under the hosts that produced it")] = False,
-    json_output: Annotated[bool, typer.Option("--json", help="one JSON object per host per line")] = False,
-    timeout: Annotated[float | None, typer.Option("--timeout", help="seconds the command may run on each host; then it is killed (exit 124)")] = None,
-    connect_timeout: Annotated[float | None, typer.Option("--connect-timeout", help="seconds to wait for each host to answer (overrides the machines' connect_timeout)")] = None,
-    max_connections: Annotated[int, typer.Option("--max-connections", help="hosts contacted at once")] = DEFAULT_MAX_CONNECTIONS,
-    copy_forwards: Annotated[list[str] | None, typer.Option("--copy-forwards", help="files to send first, into the command's working directory")] = None,
-    accept_new: Annotated[bool, typer.Option("--accept-new", help="trust and record unknown host keys")] = False,
-) -> None:
-    """Run one shell command on every machine at once; exit 0 only when it exited 0 everywhere."""
-    from .config import load_machines
-
-    machine_specs = list(machines or [])
-    excludes = list(exclude_hosts or [])
-    forwards = list(copy_forwards or [])
-    try:
-        if not machine_specs:
-            raise ConfigError("execute_to needs --machines")
-        if command is None:
-            command = take_trailing_command(machine_specs, excludes, forwards, sys.argv[1:])
-        if command is None or not command.strip():
-            raise ConfigError(
-                "execute_to needs a command (write it after the --machines values, or before them)"
-            )
-        if gather and json_output:
-            raise ConfigError("--gather and --json do not go together (choose one)")
-        hosts = load_machines(machine_specs, exclude=excludes)
-        options = FleetOptions(
-            timeout=timeout,
-            connect_timeout=connect_timeout,
-            max_connections=max_connections,
-            accept_new=accept_new,
-            gather=gather,
-            json=json_output,
-            copy_forwards=tuple(forwards),
-        )
-        result = _run_cancellable(hosts, command, options)
-    except SchedulerError as exc:
-        stderr_line(f"error: {exc}")
-        raise typer.Exit(exc.exit_code) from None
-    except asyncio.CancelledError:
-        stderr_line("cancelled: the remote commands were stopped")
-        raise typer.Exit(130) from None
-    raise typer.Exit(result.exit_status)
-
-
-def _run_cancellable(machines: Sequence[Machine], command: str, options: FleetOptions) -> FleetResult:
-    """Ctrl-C / SIGTERM cancel the run: every channel closes, every transport too."""
-    from .cli import run_async
-
-    return run_async(lambda: execute_to(machines, command, options))

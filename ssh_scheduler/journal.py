@@ -13,11 +13,41 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from .events import (
+    BatchStarted,
+    Event,
+    JobCancelled,
+    JobFailed,
+    JobFinished,
+    JobPlaced,
+    JobRequeued,
+    JobRetrying,
+    JobStarted,
+)
+
 JOURNAL_NAME = ".journal.jsonl"
 FSYNC_EVERY = 1.0
+
+
+class JobState(StrEnum):
+    """The ``state`` of a journal line (``BATCH`` lines carry the batch token, job ``""``)."""
+
+    BATCH = "batch"
+    PLACED = "placed"
+    STARTED = "started"
+    FINISHED = "finished"
+    FAILED = "failed"
+    RETRY = "retry"
+    REQUEUED = "requeued"
+    CANCELLED = "cancelled"
+
+
+IN_FLIGHT = frozenset({JobState.PLACED, JobState.STARTED})
+"""States an earlier coordinator may have left running on a host."""
 
 
 class Journal:
@@ -38,13 +68,39 @@ class Journal:
             os.fsync(fd)
             os.close(fd)
 
-    def record(self, job: str, state: str, **fields: Any) -> None:
-        entry = {"t": round(time.time(), 3), "job": job, "state": state, **fields}
+    def record(self, job: str, state: JobState | str, **fields: Any) -> None:
+        entry = {"t": round(time.time(), 3), "job": job, "state": JobState(state).value, **fields}
         os.write(self.fd, (json.dumps(entry, separators=(",", ":")) + "\n").encode())
         now = time.monotonic()
         if now - self._last_sync >= FSYNC_EVERY:
             os.fsync(self.fd)
             self._last_sync = now
+
+
+class JournalWriter:
+    """The journal as a subscriber of the event stream: one line per job state change."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+
+    def __call__(self, event: Event) -> None:
+        record = self.journal.record
+        match event:
+            case BatchStarted():
+                record("", JobState.BATCH, token=event.token)
+            case JobPlaced() | JobStarted():
+                state = JobState.PLACED if isinstance(event, JobPlaced) else JobState.STARTED
+                record(event.job, state, host=event.host, gpus=list(event.gpus), command=event.command)
+            case JobFinished():
+                record(event.job, JobState.FINISHED, code=event.code, host=event.host, timed_out=False)
+            case JobFailed():
+                record(event.job, JobState.FAILED, code=event.code, host=event.host, timed_out=event.timed_out)
+            case JobRetrying():
+                record(event.job, JobState.RETRY, host=event.host, code=event.code)
+            case JobRequeued():
+                record(event.job, JobState.REQUEUED, host=event.host)
+            case JobCancelled():
+                record(event.job, JobState.CANCELLED, host=event.host)
 
 
 def read_journal(results_dir: Path) -> list[dict[str, Any]]:
@@ -78,6 +134,6 @@ def batch_token(results_dir: Path) -> str | None:
     """The token of the batch an earlier run recorded here: hosts' agents and job folders are
     named by it, so a rerun finds (and reattaches to) what that run left running."""
     for entry in read_journal(results_dir):
-        if entry.get("state") == "batch" and entry.get("token"):
+        if entry.get("state") == JobState.BATCH and entry.get("token"):
             return str(entry["token"])
     return None

@@ -9,6 +9,7 @@ from typing import Any
 
 from .batch import Job
 from .errors import ConfigError
+from .journal import IN_FLIGHT
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +71,7 @@ def in_flight(jobs: Sequence[Job], last: Mapping[str, Mapping[str, Any]]) -> dic
     found = {}
     for job in jobs:
         entry = last.get(job.name)
-        if entry and entry.get("state") in ("placed", "started") and entry.get("host"):
+        if entry and entry.get("state") in IN_FLIGHT and entry.get("host"):
             gpus = tuple(int(g) for g in entry.get("gpus") or ())
             found[job.name] = Resumable(job.name, str(entry["host"]), gpus)
     return found

@@ -1,21 +1,30 @@
-"""``execute_remote``: one job on one machine, output streamed live, exit status passed through."""
+"""``execute_remote``: one job on one machine, output streamed live, exit status passed through.
+
+A thin caller of the per-job pipeline (:mod:`ssh_scheduler.jobrun`): the job gets what a batch
+job gets (environment, staging in the run request, output kept on the host, ``--timeout``,
+results brought home atomically, its folder removed, also when cancelled).
+"""
 
 from __future__ import annotations
 
 import asyncio
-import os
+import logging
 import secrets
-import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from .config import Machine
-from .errors import BatchError, TransferError, TransportError
-from .runner import DEFAULT_LEASE, HostSession
-from .transfer import CopyLimits, Hasher, HostCache, collect_forward, fetch_back, send_forward
-from .transport import connect
+from .errors import BatchError, ConfigError, TransferError, TransportError
+from .executors import open_executor
+from .jobrun import JobRun, JobSpec, OutputFiles, job_environment
+from .runner import DEFAULT_LEASE
+from .transfer import CopyLimits, Hasher, collect_forward
+
+__all__ = ["RemoteOptions", "default_job_name", "execute_remote"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +38,8 @@ class RemoteOptions:
     gpus: str | None = None  # CUDA_VISIBLE_DEVICES to set; None leaves it alone
     lease: float = DEFAULT_LEASE
     limits: CopyLimits = CopyLimits()
+    timeout: float | None = None
+    """Seconds the command may run; then its whole process tree is killed (exit 124)."""
 
 
 def default_job_name(now: float | None = None) -> str:
@@ -43,49 +54,57 @@ async def execute_remote(
     *,
     stdout: Sequence[int] = (1,),
     stderr: Sequence[int] = (2,),
+    warn: Callable[[str], None] | None = None,
 ) -> int:
-    """Run ``command`` on ``machine``; returns its exit status (128+n when killed by signal n).
+    """Run ``command`` on ``machine``; returns its exit status (128+n when killed by signal n,
+    124 when ``timeout`` killed it).
 
     Output goes live to the given file descriptors and to ``job_results/<job>.out``/``.err``.
+    Copy-back warnings go to ``warn``, or are logged (logger ``ssh_scheduler.remote``).
     """
     if "\x00" in command:
         raise BatchError("the command contains a NUL byte; remove it")
+    if options.timeout is not None and not options.timeout > 0:
+        raise ConfigError(f"--timeout must be more than 0 seconds, not {options.timeout:g}")
     name = options.job_name or default_job_name()
     results = options.results_dir
     final = results / name
-    if final.exists():
+    if final.exists() or final.is_symlink():
         raise TransferError(f"{final} already exists; results are never overwritten (choose another --job-name)")
     forward = await asyncio.to_thread(collect_forward, options.copy_forwards, options.base_dir, Hasher())
     results.mkdir(parents=True, exist_ok=True)
-    transport = await connect(machine, accept_new=options.accept_new)
+    executor = await open_executor(machine, accept_new=options.accept_new, lease=options.lease)
     try:
-        async with HostSession(transport, lease=options.lease) as session:
-            jobdir = f"{session.root}/jobs/{secrets.token_hex(4)}-{name}"
-            await send_forward(HostCache(session), forward, jobdir)
-            env = {"SSH_SCHEDULER_JOB": name}
-            if options.gpus is not None:
-                env["CUDA_VISIBLE_DEVICES"] = options.gpus
-            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
-            files = {1: os.open(results / f"{name}.out", flags, 0o644), 2: os.open(results / f"{name}.err", flags, 0o644)}
-            sinks = {1: [*stdout, files[1]], 2: [*stderr, files[2]]}
-
-            def on_output(fd: int, data: bytes) -> None:
-                for target in sinks[fd]:
-                    os.write(target, data)
-
-            try:
-                ended = await session.run(
-                    name, command, cwd=jobdir, env=env, out_path=None, err_path=None, on_output=on_output
-                )
-            finally:
-                for fd in files.values():
-                    os.close(fd)
-            if ended.host_lost:
-                raise TransportError(f"{machine.name}: connection lost while the job ran: {ended.message}")
-            report = await fetch_back(session, jobdir, final, paths=options.copy_backwards, limits=options.limits)
-            for warning in report.warnings:
-                print(f"warning: {warning}", file=sys.stderr)
-            await session.remove(jobdir)
-            return ended.code if ended.code is not None else 255
+        gpus = options.gpus
+        spec = JobSpec(
+            name,
+            command,
+            executor.jobdir(secrets.token_hex(4), name),
+            job_environment(name, gpus),
+            forward,
+            results,
+            options.copy_backwards,
+            options.limits,
+            timeout=options.timeout,
+        )
+        output = OutputFiles(results, name, mirror={1: list(stdout), 2: list(stderr)})
+        output.open()
+        run = JobRun(executor, spec, output)
+        try:
+            ended = await run.run()
+        finally:
+            output.close()
+        if ended.host_lost:
+            raise TransportError(f"{machine.name}: connection lost while the job ran: {ended.message}")
+        report, problem = await run.commit()
+        if problem is not None:
+            raise TransferError(f"copy back failed: {problem}")
+        assert report is not None
+        for warning in report.warnings:
+            if warn is not None:
+                warn(warning)
+            else:
+                log.warning("%s", warning)
+        return ended.code if ended.code is not None else 255
     finally:
-        await transport.close()
+        await executor.close()

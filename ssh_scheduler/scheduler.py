@@ -1,38 +1,31 @@
-"""The coordinator: probe every host, place each job where it fits, run it, bring results home.
+"""The coordinator: performs what the planner decides and tells it what happened.
 
-Event-driven throughout: the dispatcher waits on ``capacity`` (set when a job ends, a probe lands
-or a host comes back), never on a sleep-and-poll loop.  Re-probes run on a timer and after job
-ends so GPUs freed or taken by other people are noticed during the batch.
+Decisions live in :mod:`ssh_scheduler.plan` (pure); this module does the I/O: choose which jobs
+of the batch file still need running (``job_results/`` and its journal), connect to every host
+(:mod:`ssh_scheduler.executors`), probe them, run each placed job through the one per-job
+pipeline (:mod:`ssh_scheduler.jobrun`), re-probe, revive lost hosts, and publish every event on
+the event stream, to which the journal and the terminal lines subscribe.
 
-Faults are data: a lost host requeues its jobs elsewhere and is revived in the background; a
-restarted coordinator reads the journal, reattaches to jobs the hosts kept running (their agents
-hold them for the lease), reruns what was lost, and never commits a result twice.
+Every task has a parent (one TaskGroup); nothing sleeps and polls: the main loop waits on an
+event set whenever the planner's state changes, timers wait for the planner's next deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import random
 import secrets
 import shutil
 import time
-from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .allocate import (
-    MachineResources,
-    Needs,
-    OwnUsage,
-    Placement,
-    choose,
-    explain_unfit,
-    max_concurrent,
-)
+from .allocate import Needs
 from .batch import Job
 from .config import Machine
 from .errors import (
@@ -42,30 +35,46 @@ from .errors import (
     HostKeyError,
     ProbeError,
     SchedulerError,
-    TransferError,
     TransportError,
-    UnsatisfiableError,
 )
-from .journal import Journal, batch_token, last_states
+from .events import (
+    BatchFinished,
+    Ended,
+    Event,
+    EventBus,
+    JobFailed,
+    JobFinished,
+    JobSkipped,
+    Notice,
+)
+from .executors import Executor, open_executor, probe_only
+from .jobrun import JobRun, JobSpec, OutputFiles, job_environment
+from .journal import JobState, Journal, JournalWriter, batch_token, last_states
+from .plan import (
+    Action,
+    Cleanup,
+    Commit,
+    Discard,
+    KillJob,
+    Planner,
+    PlanOptions,
+    Reprobe,
+    Revive,
+    Say,
+    StartJob,
+    StopBatch,
+)
 from .policy import HaltPolicy, Resumable, changed_commands, in_flight
-from .probe import PROBE_COMMAND, HostState, parse_probe_output
-from .runner import DEFAULT_LEASE, HostSession, JobExit
-from .transfer import (
-    CopyLimits,
-    ForwardSet,
-    Hasher,
-    HostCache,
-    collect_forward,
-    fetch_back,
-    prepare_forward,
-)
-from .transport import Transport, connect, describe
+from .runner import DEFAULT_LEASE
+from .terminal import Printer, TerminalLines
+from .transfer import CopyLimits, ForwardSet, Hasher, collect_forward
 
-Printer = Callable[[str], None]
+__all__ = ["Batch", "BatchOptions", "BatchSummary", "JobOutcome", "SchedulerError", "run_batch"]
+
+log = logging.getLogger(__name__)
+
 MIN_PROBE_GAP = 1.0
 REVIVE_MAX_DELAY = 30.0
-TIMED_OUT = 124
-DISPATCH_SLICE = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,20 +99,31 @@ class BatchOptions:
     quarantine_after: int = 3
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class JobOutcome:
+    """One job's end in this run."""
+
     job: str
-    exit_code: int | None
-    host: str | None
-    gpus: tuple[int, ...] = ()
-    started: float = 0.0
-    ended: float = 0.0
-    message: str | None = None
-    timed_out: bool = False
+    host: str
+    ended: Ended
+    seconds: float = 0.0
+    bytes_received: int = 0
 
     @property
     def ok(self) -> bool:
-        return self.exit_code == 0
+        return self.ended.ok
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.ended.code
+
+    @property
+    def message(self) -> str | None:
+        return self.ended.message
+
+    @property
+    def timed_out(self) -> bool:
+        return self.ended.timed_out
 
 
 @dataclass(slots=True)
@@ -134,35 +154,78 @@ class BatchSummary:
             f"received {self.bytes_downloaded} bytes"
         )
 
+    def __call__(self, event: Event) -> None:
+        """Subscribed to the event stream: collects each job's end."""
+        if isinstance(event, JobFinished):
+            self.outcomes[event.job] = JobOutcome(event.job, event.host, Ended(0), event.seconds, event.bytes_received)
+            self.bytes_downloaded += event.bytes_received
+        elif isinstance(event, JobFailed):
+            ended = Ended(event.code, timed_out=event.timed_out, message=event.message or event.reason)
+            self.outcomes[event.job] = JobOutcome(event.job, event.host, ended, event.seconds, event.bytes_received)
+            self.bytes_downloaded += event.bytes_received
+        elif isinstance(event, JobSkipped):
+            self.skipped.append(event.job)
+
+
+def set_aside(results: Path, name: str) -> None:
+    """--retry-failed keeps the failed attempt's results, under .failed/ (never deleted)."""
+    aside = results / ".failed"
+    aside.mkdir(exist_ok=True)
+    n = 1
+    while (aside / f"{name}.{n}").exists():
+        n += 1
+    target = aside / f"{name}.{n}"
+    target.mkdir()
+    os.rename(results / name, target / name)
+    for suffix in (".out", ".err"):
+        if (results / f"{name}{suffix}").exists():
+            os.rename(results / f"{name}{suffix}", target / f"{name}{suffix}")
+
 
 @dataclass(slots=True)
-class Host:
-    machine: Machine
-    transport: Transport | None = None
-    session: HostSession | None = None
-    resources: MachineResources | None = None
-    cache: HostCache | None = None
-    down: str | None = None  # why the host is not usable now
-    failures: int = 0  # infrastructure failures in a row
-    quarantined: bool = False
-    reviving: bool = False
+class Selection:
+    """Which jobs of the batch file run now, and what an earlier run of it left."""
 
-    @property
-    def usable(self) -> bool:
-        return self.down is None and self.resources is not None and not self.quarantined
+    pending: list[Job]
+    token: str
+    resumable: dict[str, Resumable]
+    already_done: dict[str, bool]
 
 
-def job_needs(options: BatchOptions, states: Sequence[HostState]) -> Needs:
-    """The ancestor requires a GPU by default; on a fleet with no GPU at all that default could
-    never be met, so unless the user asked for GPUs explicitly it quietly becomes 'no GPU'."""
-    needs = options.needs
-    if needs.gpus and not options.gpus_explicit and not any(s.gpus for s in states):
-        return replace(needs, gpus=0, gpu_memory_mb=0, gpu_utilization=0.0, reserve_gpu=False)
-    return needs
-
-
-def cuda_visible_devices(placement: Placement) -> str:
-    return ",".join(str(i) for i in placement.gpu_indices)
+def select_jobs(jobs: Sequence[Job], options: BatchOptions, bus: EventBus) -> Selection:
+    """Skip jobs with results, set the batch token, and learn from an earlier run's journal."""
+    results = options.results_dir
+    if results.exists() and not results.is_dir():
+        raise ConfigError(f"{results} is a file, not a folder; remove it or pass another --results-dir")
+    if results.is_dir():
+        for partial in results.glob(".partial-*"):
+            shutil.rmtree(partial, ignore_errors=True)  # a copy cut short by a crash
+    last = last_states(results)
+    token = batch_token(results) or secrets.token_hex(8)
+    # One listing instead of a stat per job (a 100,000-line batch).
+    existing = set(os.listdir(results)) if results.is_dir() else set()
+    pending: list[Job] = []
+    done: dict[str, bool] = {}
+    for job in jobs:
+        if job.name not in existing:
+            pending.append(job)
+            continue
+        failed = last.get(job.name, {}).get("state") == JobState.FAILED
+        if options.retry_failed and failed:
+            set_aside(results, job.name)
+            pending.append(job)
+            continue
+        done[job.name] = not failed
+        bus.publish(JobSkipped(job=job.name, line=job.line_number))
+    changed = changed_commands(pending, last)
+    if changed and not options.allow_changed:
+        raise ConfigError(
+            f"the command of {changed[0]}"
+            + (f" (and {len(changed) - 1} more)" if len(changed) > 1 else "")
+            + f" changed since {results}/.journal.jsonl recorded it; rerun with "
+            f"--allow-changed to run the new commands, or use another --results-dir"
+        )
+    return Selection(pending, token, in_flight(pending, last), done)
 
 
 class Batch:
@@ -174,443 +237,283 @@ class Batch:
         machines: Sequence[Machine],
         options: BatchOptions,
         *,
-        out: Printer = print,
-        err: Printer = print,
+        out: Printer | None = None,
+        err: Printer | None = None,
+        bus: EventBus | None = None,
     ) -> None:
         self.jobs = list(jobs)
         for job in self.jobs:
             if "\x00" in job.command:  # the CLI cannot carry one, the Python API can
                 raise BatchError(f"job {job.name}: the command contains a NUL byte; remove it")
-        self.hosts = {m.name: Host(m) for m in machines}
+        self.machines = {m.name: m for m in machines}
         self.options = options
-        self.out = out
-        self.err = err
+        self.bus = bus or EventBus()
+        if out is not None or err is not None:
+            self.bus.subscribe(TerminalLines(out or (lambda _: None), err or (lambda _: None)))
         self.summary = BatchSummary()
-        self.capacity = asyncio.Event()
-        self.reprobe_now = asyncio.Event()
-        self.draining = False
+        self.bus.subscribe(self.summary)
+        self.planner: Planner | None = None
+        self.executors: dict[str, Executor] = {}
         self.token = ""
         self.hasher = Hasher()
         self.forward_sets: dict[tuple[str, ...], ForwardSet] = {}
-        self.failed_on: dict[str, list[str]] = {}
-        self.needs = options.needs
-        self.journal: Journal | None = None
-        self.pending: deque[Job] = deque()
-        self.resumable: dict[str, Resumable] = {}
+        self._changed = asyncio.Event()
+        self._reprobe = asyncio.Event()
         self._tg: asyncio.TaskGroup | None = None
-        self._running: dict[str, asyncio.Task[None]] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
         self._revivers: set[asyncio.Task[None]] = set()
-        self._main: asyncio.Task[Any] | None = None
-        self._last_wait_reason = ""
-        self._total = 0
+        self._runs: dict[str, JobRun] = {}
+        self._main: asyncio.Task[object] | None = None
+        self._stop_requested = 0
+        self._started = time.monotonic()
 
-    # -- public -----------------------------------------------------------------------------------
+    # -- public --------------------------------------------------------------------------------
+
     async def run(self) -> BatchSummary:
         self._main = asyncio.current_task()
-        results = self.options.results_dir
-        pending = self._select_jobs(results)
-        if not pending:
-            self.out("nothing to do: every job already has results")
-            return self.summary
-        self._total = len(pending)
-        self.forward_sets[self.options.copy_forwards] = await asyncio.to_thread(
-            collect_forward, self.options.copy_forwards, self.options.base_dir, self.hasher
+        options = self.options
+        selection = select_jobs(self.jobs, options, self.bus)
+        self.token = selection.token
+        if not selection.pending:
+            self.bus.publish(Notice(level="info", message="nothing to do: every job already has results"))
+            return self._finish(None)
+        planner = self.planner = Planner(
+            selection.pending,
+            [(m.name, m.source or m.name) for m in self.machines.values()],
+            PlanOptions(options.needs, options.gpus_explicit, options.retries, options.timeout, options.halt, options.quarantine_after),
+            resumable=selection.resumable,
+            already_done=selection.already_done,
+        )
+        self.forward_sets[options.copy_forwards] = await asyncio.to_thread(
+            collect_forward, options.copy_forwards, options.base_dir, self.hasher
         )
         try:
-            await self._connect_all()
-            await self._probe_all(initial=True)
-            self._check_fit(pending)
-            self._print_header()
-            if self.options.dry_run:
-                self._print_plan(pending)
+            await self._start_hosts()
+            actions = planner.begin(self.token)
+            if options.dry_run:
+                self._perform([a for a in actions if isinstance(a, Say)])
+                for line in planner.dry_run():
+                    self.bus.publish(line)
                 return self.summary
-            results.mkdir(parents=True, exist_ok=True)
-            with Journal.open(results) as journal:
-                self.journal = journal
-                journal.record("", "batch", token=self.token)
-                self.pending = deque(pending)
-                await self._dispatch()
+            options.results_dir.mkdir(parents=True, exist_ok=True)
+            with Journal.open(options.results_dir) as journal:
+                writer = JournalWriter(journal)
+                self.bus.subscribe(writer)
+                try:
+                    await self._drive(actions)
+                finally:
+                    self.bus.unsubscribe(writer)
         finally:
             await self._close_all()
-        self._tally_transfers()
-        self.summary.not_run = [job.name for job in self.pending]
-        return self.summary
+        return self._finish(planner)
 
     def request_stop(self) -> None:
         """First call: start no new jobs and let the running ones finish.  Second: kill them."""
-        if not self.draining:
-            self.draining = True
-            self.capacity.set()
-            self.err("stopping: no new jobs will start; running jobs finish (Ctrl-C again to kill them)")
-        elif self._main is not None:
-            self.err("killing running jobs")
-            self.summary.cancelled = True
-            self._main.cancel()
-
-    # -- which jobs -------------------------------------------------------------------------------
-    def _select_jobs(self, results: Path) -> list[Job]:
-        """Skip jobs with results, set the batch token, and learn from an earlier run's journal."""
-        if results.is_dir():
-            for partial in results.glob(".partial-*"):
-                shutil.rmtree(partial, ignore_errors=True)  # a copy cut short by a crash
-        last = last_states(results)
-        self.token = batch_token(results) or secrets.token_hex(8)
-        # One listing instead of a stat per job (a 100,000-line batch).
-        existing = set(os.listdir(results)) if results.is_dir() else set()
-        pending: list[Job] = []
-        for job in self.jobs:
-            if job.name in existing:
-                if self.options.retry_failed and last.get(job.name, {}).get("state") == "failed":
-                    self._set_aside(results, job.name)
-                    pending.append(job)
-                    continue
-                self.out(
-                    f"WARNING: job results already exists for line {job.line_number}, "
-                    f"skipping evaluation: delete if you wish to rerun"
-                )
-                self.summary.skipped.append(job.name)
-            else:
-                pending.append(job)
-        changed = changed_commands(pending, last)
-        if changed and not self.options.allow_changed:
-            raise ConfigError(
-                f"the command of {changed[0]}"
-                + (f" (and {len(changed) - 1} more)" if len(changed) > 1 else "")
-                + f" changed since {results}/.journal.jsonl recorded it; rerun with "
-                f"--allow-changed to run the new commands, or use another --results-dir"
-            )
-        self.resumable = in_flight(pending, last)
-        return pending
-
-    @staticmethod
-    def _set_aside(results: Path, name: str) -> None:
-        """--retry-failed keeps the failed attempt's results, under .failed/ (never deleted)."""
-        aside = results / ".failed"
-        aside.mkdir(exist_ok=True)
-        n = 1
-        while (aside / f"{name}.{n}").exists():
-            n += 1
-        target = aside / f"{name}.{n}"
-        target.mkdir()
-        os.rename(results / name, target / name)
-        for suffix in (".out", ".err"):
-            if (results / f"{name}{suffix}").exists():
-                os.rename(results / f"{name}{suffix}", target / f"{name}{suffix}")
-
-    # -- hosts ------------------------------------------------------------------------------------
-    async def _open(self, host: Host) -> None:
-        transport = await connect(
-            host.machine, accept_new=self.options.accept_new, keepalive=self.options.keepalive
-        )
-        if self.options.dry_run:
-            host.transport = transport  # a plan needs one probe, not an agent
+        self._stop_requested += 1
+        if self.planner is None or self._tg is None:
+            if self._stop_requested > 1 and self._main is not None:
+                self.summary.cancelled = True
+                self._main.cancel()
             return
-        session = HostSession(transport, lease=self.options.lease, token=self.token)
-        try:
-            await session.__aenter__()
-        except BaseException:
-            await transport.close()
-            raise
-        host.transport, host.session = transport, session
-        host.cache = HostCache(session)
+        self._perform(self.planner.stop())
 
-    async def _connect_all(self) -> None:
-        async def one(host: Host) -> None:
+    # -- hosts ---------------------------------------------------------------------------------
+
+    async def _start_hosts(self) -> None:
+        """Connect to every host at once and probe each; a host we cannot trust or log into is
+        a configuration error before anything runs, an unreachable one is retried later."""
+        assert self.planner is not None
+        planner = self.planner
+
+        async def one(machine: Machine) -> None:
             try:
-                await self._open(host)
+                if self.options.dry_run:
+                    state = await probe_only(machine, accept_new=self.options.accept_new, keepalive=self.options.keepalive)
+                    self._perform(planner.probe_landed(machine.name, state))
+                    return
+                executor = await open_executor(
+                    machine, accept_new=self.options.accept_new, keepalive=self.options.keepalive,
+                    lease=self.options.lease, token=self.token,
+                )
+                self.executors[machine.name] = executor
             except (HostKeyError, AuthenticationError):
                 raise
             except TransportError as exc:
-                host.down = str(exc)
+                self._perform(planner.host_unreachable(machine.name, str(exc)))
+                return
+            await self._probe(machine.name)
 
-        results = await asyncio.gather(*(one(h) for h in self.hosts.values()), return_exceptions=True)
+        results = await asyncio.gather(*(one(m) for m in self.machines.values()), return_exceptions=True)
         fatal = [r for r in results if isinstance(r, BaseException)]
         if fatal:
-            # A host we cannot trust or log into is a configuration error: stop before dispatch.
             for exc in fatal[1:]:
-                self.err(f"error: {exc}")
+                self.bus.publish(Notice(level="error", message=str(exc)))
             raise fatal[0]
-        for host in self.hosts.values():
-            if host.down:
-                self.err(f"warning: {host.down}")
-        if not any(h.transport for h in self.hosts.values()):
+        if not self.executors and not self.options.dry_run:
             raise TransportError("no host could be reached; nothing was run")
 
-    async def _close_all(self) -> None:
-        async def one(host: Host) -> None:
-            if host.session is not None and host.session.lost is None and not self.options.dry_run:
-                with contextlib.suppress(TransportError, TimeoutError):
-                    async with asyncio.timeout(30):
-                        await host.session.sweep(f"{self.token}-")
-            if host.session is not None:
-                # "bye" even after a cancel: the jobs are killed by then, and the agent should
-                # exit now rather than linger for its lease.
-                await host.session.close()
-            if host.transport is not None:
-                await host.transport.close()
-
-        await asyncio.gather(*(one(h) for h in self.hosts.values()), return_exceptions=True)
-
-    async def _probe_all(self, initial: bool = False) -> None:
-        hosts = [
-            h
-            for h in self.hosts.values()
-            if (h.session is not None and h.session.lost is None)
-            or (self.options.dry_run and h.transport is not None)
-        ]
-        await asyncio.gather(*(self._probe(h, initial) for h in hosts))
-        if initial:
-            states = [h.resources.state for h in self.hosts.values() if h.resources is not None]
-            if not states:
-                reasons = "; ".join(f"{h.machine.name}: {h.down}" for h in self.hosts.values())
-                raise TransportError(f"no usable host ({reasons})")
-            self.needs = job_needs(self.options, states)
-        self.capacity.set()
-
-    async def _probe(self, host: Host, initial: bool) -> None:
-        generation = host.resources.probe_started() if host.resources is not None else None
+    async def _probe(self, host: str) -> None:
+        assert self.planner is not None
+        executor = self.executors[host]
+        resources = self.planner.resources(host)
+        generation = resources.probe_started() if resources is not None else None
         try:
-            if host.session is not None:
-                text, _rc, own = await host.session.probe(PROBE_COMMAND)
-            else:
-                assert host.transport is not None
-                async with asyncio.timeout(30):
-                    text = (await host.transport.exec(PROBE_COMMAND)).stdout.decode(errors="replace")
-                own = {}
-            state = parse_probe_output(text)
+            async with asyncio.timeout(30):
+                state, own = await executor.probe()
         except (ProbeError, TransportError, TimeoutError) as exc:
-            reason = f"{describe(host.machine)}: probe failed: {exc or 'no answer in 30 s'}"
-            if initial:
-                host.down = reason
-                self.err(f"warning: {reason}")
-            else:
-                self._host_failed(host, reason)
+            reason = f"{executor.name}: probe failed: {exc or 'no answer in 30 s'}"
+            self._perform(self.planner.probe_failed(host, reason))
             return
-        usage = {
-            name: OwnUsage(pids=frozenset(int(p) for p in u.get("pids", ())), rss_mb=int(u.get("rss_mb", 0)))
-            for name, u in own.items()
-        }
-        if host.resources is None:
-            host.resources = MachineResources(host.machine.name, state)
-        else:
-            host.resources.update(state, usage, generation)
+        self._perform(self.planner.probe_landed(host, state, own, generation))
 
     async def _reprobe_loop(self) -> None:
-        """Re-probe on a timer and when a job ends, at most once per ``MIN_PROBE_GAP`` seconds
-        (ends during a probe fold into the next one), so a burst of short jobs cannot keep the
-        hosts busy probing."""
+        """Re-probe on a timer and when the planner asks (after job ends), at most once per
+        ``MIN_PROBE_GAP`` seconds, so a burst of short jobs cannot keep the hosts busy probing."""
         while True:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.options.probe_interval):
-                    await self.reprobe_now.wait()
-            self.reprobe_now.clear()
-            await self._probe_all()
+                    await self._reprobe.wait()
+            self._reprobe.clear()
+            hosts = [name for name, ex in self.executors.items() if ex.lost is None and self._host_up(name)]
+            await asyncio.gather(*(self._probe(h) for h in hosts))
             await asyncio.sleep(MIN_PROBE_GAP)
 
-    def _host_failed(self, host: Host, reason: str) -> None:
-        if host.down is None:
-            # One outage counts once, however many of our jobs it took down with it.
-            host.failures += 1
-            host.down = reason
-            self.err(f"warning: host {host.machine.name} lost: {reason}")
-        if host.failures >= self.options.quarantine_after and not host.quarantined:
-            host.quarantined = True
-            self.err(
-                f"warning: host {host.machine.name} failed {host.failures} times in a row; "
-                f"not using it again in this batch"
-            )
-        self._revive_later(host)
+    def _host_up(self, host: str) -> bool:
+        assert self.planner is not None
+        slot = self.planner.hosts[host]
+        return slot.down is None and not slot.quarantined
 
-    def _revive_later(self, host: Host) -> None:
-        if not host.quarantined and not host.reviving and self._tg is not None:
-            host.reviving = True
-            task = self._tg.create_task(self._revive(host))
-            self._revivers.add(task)
-            task.add_done_callback(self._revivers.discard)
-
-    async def _revive(self, host: Host) -> None:
-        """Reconnect a lost host with backoff; when it answers, end what it still runs for us
-        (those jobs were requeued elsewhere) and use it again."""
+    async def _revive(self, host: str) -> None:
+        """Reconnect a lost host with backoff; when it answers, tell the planner (which ends what
+        the host still runs for us: those jobs were requeued elsewhere)."""
+        assert self.planner is not None
+        planner = self.planner
         delay = 1.0
-        try:
-            old = host.session
-            host.session = None
-            if old is not None:
-                await old.close(orderly=False)
-            if host.transport is not None:
-                await host.transport.close()
-            while not host.quarantined:
-                await asyncio.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, REVIVE_MAX_DELAY)
-                try:
-                    await self._open(host)
-                    assert host.session is not None
-                    for stale in host.session.agent_jobs:
-                        if stale not in self._running or self._running_on(stale) != host.machine.name:
-                            await host.session.remove(self._jobdir(host.session, stale), stale)
-                    host.resources = None
-                    host.down = None
-                    await self._probe(host, initial=False)
-                except (TransportError, ProbeError) as exc:
-                    host.down = str(exc)
-                    continue
-                if host.resources is not None and host.down is None:
-                    self.err(f"host {host.machine.name} is back")
-                    self.capacity.set()
-                    return
-        finally:
-            host.reviving = False
+        old = self.executors.pop(host, None)
+        if old is not None:
+            self.summary.bytes_uploaded += old.bytes_sent
+            self.summary.files_uploaded += old.files_sent
+            with contextlib.suppress(Exception):
+                await old.close()
+        while not planner.hosts[host].quarantined:
+            await asyncio.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, REVIVE_MAX_DELAY)
+            try:
+                executor = await open_executor(
+                    self.machines[host], accept_new=self.options.accept_new, keepalive=self.options.keepalive,
+                    lease=self.options.lease, token=self.token,
+                )
+            except TransportError:
+                continue
+            try:
+                async with asyncio.timeout(30):
+                    state, own = await executor.probe()
+            except (ProbeError, TransportError, TimeoutError):
+                with contextlib.suppress(Exception):
+                    await executor.close()
+                continue
+            self.executors[host] = executor
+            self._perform(planner.host_back(host, state, own, {n: bool(s.get("running")) for n, s in executor.agent_jobs.items()}))
+            return
+        planner.revive_gave_up(host)
 
-    # -- planning ---------------------------------------------------------------------------------
-    def _usable(self) -> list[MachineResources]:
-        return [h.resources for h in self.hosts.values() if h.usable and h.resources is not None]
+    async def _close_all(self) -> None:
+        async def one(executor: Executor) -> None:
+            if executor.lost is None and not self.options.dry_run:
+                with contextlib.suppress(TransportError, TimeoutError):
+                    async with asyncio.timeout(30):
+                        await executor.sweep(f"{self.token}-")
+            # "bye" even after a cancel: the jobs are killed by then, and the agent should exit
+            # now rather than linger for its lease.
+            await executor.close()
 
-    def _check_fit(self, jobs: Sequence[Job]) -> None:
-        machines = self._usable()
-        if not any(m.could_ever_fit(self.needs) for m in machines):
-            first = jobs[0].name
-            raise UnsatisfiableError(
-                f"job {first} (and every job of this batch) can never run: "
-                f"{explain_unfit(machines, self.needs)}; lower the job's needs or add a bigger machine"
-            )
+        await asyncio.gather(*(one(e) for e in self.executors.values()), return_exceptions=True)
 
-    def _print_header(self) -> None:
-        usable = [h for h in self.hosts.values() if h.resources is not None and h.usable]
-        limits = {
-            h.machine.source or h.machine.name: max_concurrent(h.resources, self.needs)  # type: ignore[arg-type]
-            for h in usable
-        }
-        self.out(f"machine limits:  {limits}")
-        choices = [[g.index for g in h.resources.state.gpus] for h in usable]  # type: ignore[union-attr]
-        self.out(f"machine gpu choices: {choices}")
+    # -- the loop ------------------------------------------------------------------------------
 
-    def _print_plan(self, jobs: Sequence[Job]) -> None:
-        """Simulate the schedule, assuming jobs end in the order they started."""
-        running: deque[tuple[MachineResources, str]] = deque()
-        machines = self._usable()
-        lines: list[str] = []
-        for job in jobs:
-            while True:
-                target = choose(machines, self.needs)
-                if target is not None:
-                    placement = target.allocate(job.name, self.needs)
-                    running.append((target, job.name))
-                    gpus = cuda_visible_devices(placement)
-                    lines.append(f"plan: {job.name} -> {target.name} CUDA_VISIBLE_DEVICES={gpus}")
-                    break
-                if not running:
-                    raise UnsatisfiableError(f"job {job.name} fits on no host")
-                done_on, done_job = running.popleft()
-                done_on.release(done_job)
-        for machine, name in running:
-            machine.release(name)
-        self.out("\n".join(lines))
-
-    def _say_waiting(self, job: Job) -> None:
-        """Nothing of ours runs and still nothing fits: other users hold the room.  Say so once
-        per change of reason, rather than sitting silent."""
-        reason = "; ".join(
-            f"{h.machine.name}: {h.resources.capacity_summary()}"
-            for h in self.hosts.values()
-            if h.usable and h.resources is not None
-        ) or "; ".join(f"{h.machine.name}: down" for h in self.hosts.values())
-        if reason != self._last_wait_reason:
-            self._last_wait_reason = reason
-            self.err(f"waiting: no host has room for {job.name} now ({reason})")
-
-    def _place(self, job: Job) -> Placement | None:
-        avoid = set(self.failed_on.get(job.name, ()))
-        machines = [m for m in self._usable() if m.name not in avoid] or self._usable()
-        target = choose(machines, self.needs)
-        if target is None:
-            return None
-        return target.allocate(job.name, self.needs)
-
-    # -- running ----------------------------------------------------------------------------------
-    async def _dispatch(self) -> None:
+    async def _drive(self, first: list[Action]) -> None:
+        assert self.planner is not None
+        planner = self.planner
         async with asyncio.TaskGroup() as tg:
             self._tg = tg
-            prober = tg.create_task(self._reprobe_loop())
-            self._reattach_all()
-            for host in self.hosts.values():
-                if host.down is not None:  # unreachable at the start: keep trying in the background
-                    self._revive_later(host)
-            started = 0
-            while not self.draining and (self.pending or self._running):
-                placed = self._place(self.pending[0]) if self.pending else None
-                if placed is None:
-                    if self.pending and not self._running:
-                        if not any(h.usable or h.reviving for h in self.hosts.values()):
-                            self.err("error: every host is down or quarantined; the remaining jobs were not run")
-                            break
-                        self._say_waiting(self.pending[0])
-                    self.capacity.clear()
-                    await self.capacity.wait()
-                    continue
-                job = self.pending.popleft()
-                self._start(job, self._run_job(job, placed))
-                started += 1
-                if started % DISPATCH_SLICE == 0:
-                    # Let the jobs placed so far go out to their hosts while we place the rest.
-                    await asyncio.sleep(0)
-            while self._running:
-                await asyncio.wait(set(self._running.values()))
-            prober.cancel()
-            self._tg = None
-            for task in self._revivers:  # hosts still being revived are not needed any more
+            helpers = [tg.create_task(self._reprobe_loop()), tg.create_task(self._timer())]
+            self._perform(first)
+            for host, executor in list(self.executors.items()):
+                found = {n: bool(s.get("running")) for n, s in executor.agent_jobs.items()}
+                if found:
+                    self._perform(planner.agent_jobs_found(host, found))
+            self._perform(planner.kick())
+            if self._stop_requested:
+                self._perform(planner.stop())
+            while not (planner.done and not self._tasks):
+                self._changed.clear()
+                await self._changed.wait()
+            for task in [*helpers, *self._revivers]:  # hosts still being revived are not needed
                 task.cancel()
+            self._tg = None
 
-    def _start(self, job: Job, coro: Coroutine[Any, Any, None]) -> None:
+    async def _timer(self) -> None:
+        """Wakes the planner at its next deadline (``--timeout``)."""
+        assert self.planner is not None
+        while True:
+            deadline = self.planner.next_deadline()
+            if deadline is None:
+                self._changed.clear()
+                await self._changed.wait()
+                continue
+            await asyncio.sleep(max(0.0, deadline - time.time()))
+            self._perform(self.planner.tick(time.time()))
+
+    def _perform(self, actions: Sequence[Action]) -> None:
+        for action in actions:
+            match action:
+                case Say(event=event):
+                    self.bus.publish(event)
+                case StartJob():
+                    self._spawn(action.job.name, self._job(action))
+                case KillJob(job=name, reason="timeout"):
+                    run = self._runs.get(name)
+                    if run is not None:
+                        self._spawn(None, run.stop("timeout"))
+                case KillJob(job=name):
+                    task = self._tasks.get(name)
+                    if task is not None:
+                        task.cancel()
+                case Reprobe():
+                    self._reprobe.set()
+                case Revive(host=host):
+                    assert self._tg is not None
+                    reviver = self._tg.create_task(self._revive(host))
+                    self._revivers.add(reviver)
+                    reviver.add_done_callback(self._revivers.discard)
+                case Cleanup(host=host, job=name):
+                    self._spawn(None, self._cleanup(host, name))
+                case StopBatch():
+                    self.summary.cancelled = True
+                    if self._main is not None:
+                        self._main.cancel()
+                case Commit() | Discard():
+                    raise AssertionError(f"{action} is handled by the job's own task")
+        self._changed.set()
+
+    def _spawn(self, name: str | None, coro: Coroutine[Any, Any, None]) -> None:
         assert self._tg is not None
         task = self._tg.create_task(coro)
-        self._running[job.name] = task
+        if name is not None:
+            self._tasks[name] = task
 
-        def done(_: object) -> None:
-            self._running.pop(job.name, None)
-            self.capacity.set()
+            def done(_: object) -> None:
+                self._tasks.pop(name, None)
+                self._runs.pop(name, None)
+                self._changed.set()
 
-        task.add_done_callback(done)
+            task.add_done_callback(done)
 
-    def _running_on(self, job: str) -> str | None:
-        for host in self.hosts.values():
-            if host.resources is not None and job in host.resources.running:
-                return host.machine.name
-        return None
-
-    def _reattach_all(self) -> None:
-        """Jobs an earlier coordinator left running whose host's agent still holds them."""
-        by_name = {job.name: job for job in self.pending}
-        for host in self.hosts.values():
-            if host.session is None or host.resources is None:
-                continue
-            for name, state in host.session.agent_jobs.items():
-                entry = self.resumable.get(name)
-                job = by_name.get(name)
-                if job is None or entry is None or entry.host != host.machine.name:
-                    # Not ours to resume (finished, moved, or from elsewhere): end it.
-                    self._start_cleanup(host, name)
-                    continue
-                placement = host.resources.adopt(name, self.needs, entry.gpus)
-                self.pending.remove(job)
-                self.out(f"reattached: {name} on {host.machine.name} ({'running' if state.get('running') else 'ended'})")
-                self._start(job, self._run_job(job, placement, resume=True))
-
-    def _start_cleanup(self, host: Host, name: str) -> None:
-        assert self._tg is not None and host.session is not None
-        session = host.session
-
-        async def clean() -> None:
+    async def _cleanup(self, host: str, name: str) -> None:
+        executor = self.executors.get(host)
+        if executor is not None:
             with contextlib.suppress(TransportError):
-                await session.remove(self._jobdir(session, name), name)
-
-        self._tg.create_task(clean())
-
-    def _jobdir(self, session: HostSession, name: str) -> str:
-        return f"{session.root}/jobs/{self.token}-{name}"
-
-    def _cached_forward(self, job: Job) -> ForwardSet | None:
-        key = job.copy_forwards if job.copy_forwards is not None else self.options.copy_forwards
-        return self.forward_sets.get(key)
+                await executor.remove(executor.jobdir(self.token, name), name)
 
     def _forward_for(self, job: Job) -> ForwardSet:
         key = job.copy_forwards if job.copy_forwards is not None else self.options.copy_forwards
@@ -620,174 +523,89 @@ class Batch:
             self.forward_sets[key] = found
         return found
 
-    async def _run_job(self, job: Job, placement: Placement, resume: bool = False) -> None:
-        host = self.hosts[placement.machine]
-        assert host.session is not None and host.cache is not None and host.resources is not None
-        session = host.session
-        results = self.options.results_dir
-        jobdir = self._jobdir(session, job.name)
-        gpus = cuda_visible_devices(placement)
-        outcome = JobOutcome(job.name, None, host.machine.name, placement.gpu_indices)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if resume else os.O_TRUNC)
-        out_fd = os.open(results / f"{job.name}.out", flags, 0o644)
-        err_fd = os.open(results / f"{job.name}.err", flags, 0o644)
-        fds = {1: out_fd, 2: err_fd}
-
-        def write(fd: int, data: bytes) -> None:
-            os.write(fds[fd], data)
-
-        journal = self.journal
-        assert journal is not None
-        requeue = False
-        try:
-            if resume:
-                offsets = (os.fstat(out_fd).st_size, os.fstat(err_fd).st_size)
-                ended = await self._with_timeout(session.resume(job.name, offsets, write), outcome)
-            else:
-                journal.record(job.name, "placed", host=host.machine.name, gpus=list(placement.gpu_indices), command=job.command)
-                try:
-                    forward = self._cached_forward(job)
-                    if forward is None:  # hashing new inputs: off the event loop
-                        forward = await asyncio.to_thread(self._forward_for, job)
-                    staging = await prepare_forward(host.cache, forward)
-                except TransportError as exc:
-                    self._host_failed(host, str(exc))
-                    requeue = True
-                    return
-                self.out(f"started: {job.name};  export CUDA_VISIBLE_DEVICES={gpus} && {job.command}")
-                outcome.started = time.time()
-                journal.record(job.name, "started", host=host.machine.name, gpus=list(placement.gpu_indices), command=job.command)
-                run = session.run(
-                    job.name,
-                    job.command,
-                    cwd=jobdir,
-                    # nvidia-smi numbers GPUs in PCI order; CUDA's default order may differ.
-                    env={
-                        "CUDA_VISIBLE_DEVICES": gpus,
-                        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-                        "SSH_SCHEDULER_JOB": job.name,
-                    },
-                    out_path=f"{jobdir}.out",
-                    err_path=f"{jobdir}.err",
-                    on_output=write,
-                    stage=staging,
-                    results=list(self._copy_backwards(job) or ()) or None,
-                )
-                ended = await self._with_timeout(run, outcome)
-            outcome.ended = time.time()
-            if ended.host_lost:
-                self._host_failed(host, ended.message or "connection lost")
-                requeue = True
-                return
-            host.failures = 0
-            outcome.exit_code = ended.code
-            if not outcome.ok and self._retry(job, host, outcome):
-                await self._quietly_remove(session, jobdir, job.name)
-                return
-            # The job's processes are gone: its CPUs, memory and GPUs are free for the next job
-            # while its results travel home.
-            if host.resources is not None:
-                host.resources.release(job.name)
-            self.capacity.set()
-            await self._commit(job, session, jobdir, outcome, ended.entries)
-        except asyncio.CancelledError:
-            journal.record(job.name, "cancelled", host=host.machine.name)
-            with contextlib.suppress(Exception):
-                await asyncio.shield(asyncio.wait_for(session.remove(jobdir, job.name), 10))
-            raise
-        finally:
-            os.close(out_fd)
-            os.close(err_fd)
-            if host.resources is not None:
-                host.resources.release(job.name)
-            if requeue:
-                self._requeue(job, host)
-            self.capacity.set()
-            self.reprobe_now.set()
-
-    async def _with_timeout(self, run: Awaitable[JobExit], outcome: JobOutcome) -> JobExit:
-        if self.options.timeout is None:
-            return await run
-        try:
-            async with asyncio.timeout(self.options.timeout):
-                return await run
-        except TimeoutError:
-            outcome.timed_out = True
-            return JobExit(TIMED_OUT, message=f"timed out after {self.options.timeout:g} s")
-
-    def _retry(self, job: Job, host: Host, outcome: JobOutcome) -> bool:
-        """--retries: a failed job runs again, preferably on a host where it has not failed."""
-        tries = self.failed_on.setdefault(job.name, [])
-        tries.append(host.machine.name)
-        if len(tries) > self.options.retries or self.draining:
-            return False
-        assert self.journal is not None
-        self.journal.record(job.name, "retry", host=host.machine.name, code=outcome.exit_code)
-        self.out(f"retrying: {job.name}; exit {outcome.exit_code} on {host.machine.name} (attempt {len(tries) + 1} of {self.options.retries + 1})")
-        self.pending.appendleft(job)
-        return True
-
-    def _copy_backwards(self, job: Job) -> tuple[str, ...] | None:
-        return job.copy_backwards if job.copy_backwards is not None else self.options.copy_backwards
-
-    async def _commit(
-        self, job: Job, session: HostSession, jobdir: str, outcome: JobOutcome, entries: object = None
-    ) -> None:
-        """Bring results home (atomically), record the end, print the ancestor's line."""
-        assert self.journal is not None
-        results = self.options.results_dir
-        try:
-            got = await fetch_back(
-                session,
-                jobdir,
-                results / job.name,
-                paths=self._copy_backwards(job),
-                limits=self.options.limits,
-                entries=entries,
-            )
-            self.summary.bytes_downloaded += got.bytes
-            for warning in got.warnings:
-                self.err(f"warning: {job.name}: {warning}")
-            with contextlib.suppress(TransportError):
-                await session.remove_soon(jobdir, job.name)
-        except (TransferError, TransportError) as exc:
-            outcome.message = str(exc)
-            outcome.exit_code = outcome.exit_code or 1
-            self.err(f"error: {job.name}: copy back failed: {exc}")
-        self.summary.outcomes[job.name] = outcome
-        self.journal.record(
-            job.name, "finished" if outcome.ok else "failed", code=outcome.exit_code, host=outcome.host,
-            timed_out=outcome.timed_out,
+    async def _job(self, start: StartJob) -> None:
+        """One attempt of one job, from staging to its final state."""
+        assert self.planner is not None
+        planner, job, options = self.planner, start.job, self.options
+        name = job.name
+        executor = self.executors[start.placement.machine]
+        key = job.copy_forwards if job.copy_forwards is not None else options.copy_forwards
+        forward = self.forward_sets.get(key)
+        if forward is None:  # hashing new inputs: off the event loop
+            forward = await asyncio.to_thread(self._forward_for, job)
+        spec = JobSpec(
+            name,
+            job.command,
+            executor.jobdir(self.token, name),
+            job_environment(name, start.placement.gpu_indices),
+            forward,
+            options.results_dir,
+            job.copy_backwards if job.copy_backwards is not None else options.copy_backwards,
+            options.limits,
         )
-        if outcome.ok:
-            self.out(f"finished: {job.name}; {job.command}")
-            return
-        why = f"timed out after {self.options.timeout:g} s" if outcome.timed_out else f"exit {outcome.exit_code}"
-        self.out(f"failed: {job.name}; {job.command}  ({why} on {outcome.host})")
-        if self.options.halt.reached(len(self.summary.failed), self._total) and not self.draining:
-            self.summary.halted = True
-            self.draining = True
-            self.err(f"halting: {len(self.summary.failed)} jobs failed (--halt {self.options.halt.when})")
-            if self.options.halt.when == "now":
-                for name, task in list(self._running.items()):
-                    if name != job.name:
-                        task.cancel()
+        output = OutputFiles(options.results_dir, name, append=start.resume)
+        run = self._runs[name] = JobRun(executor, spec, output)
+        try:
+            try:
+                output.open()
+            except SchedulerError as exc:
+                ended = Ended(None, message=str(exc))
+            else:
+                try:
+                    ended = await run.run(
+                        resume=start.resume, on_started=lambda: self._perform(planner.job_started(name, time.time()))
+                    )
+                finally:
+                    output.close()
+            if planner.killed_for(name) == "timeout" and not ended.host_lost:
+                ended = planner.timed_out(name)
+            actions = planner.job_exited(name, ended)
+            self._perform([a for a in actions if not isinstance(a, Commit | Discard)])
+            if any(isinstance(a, Discard) for a in actions):
+                await run.discard()
+                return
+            if not any(isinstance(a, Commit) for a in actions):
+                return
+            received = 0
+            if ended.code is not None:
+                report, problem = await run.commit()
+                if report is not None:
+                    received = report.bytes
+                    for warning in report.warnings:
+                        self.bus.publish(Notice(level="warning", message=f"{name}: {warning}", job=name))
+                if problem is not None:
+                    self.bus.publish(Notice(level="error", message=f"{name}: copy back failed: {problem}", job=name))
+                    ended = replace(ended, code=ended.code or 1, message=problem)
+            self._perform(planner.job_committed(name, ended, received, time.time()))
+        except asyncio.CancelledError:
+            self._perform(planner.job_cancelled(name))
+            with contextlib.suppress(Exception):
+                await asyncio.shield(asyncio.wait_for(executor.remove(spec.jobdir, name), 10))
+            raise
 
-    async def _quietly_remove(self, session: HostSession, jobdir: str, name: str) -> None:
-        with contextlib.suppress(TransportError):
-            await session.remove(jobdir, name)
-
-    def _requeue(self, job: Job, host: Host) -> None:
-        assert self.journal is not None
-        self.journal.record(job.name, "requeued", host=host.machine.name)
-        self.out(f"requeued: {job.name}; host {host.machine.name} was lost")
-        self.pending.appendleft(job)
-
-    def _tally_transfers(self) -> None:
-        for host in self.hosts.values():
-            if host.cache is not None:
-                self.summary.bytes_uploaded += host.cache.bytes_uploaded
-                self.summary.files_uploaded += host.cache.files_uploaded
+    def _finish(self, planner: Planner | None) -> BatchSummary:
+        summary = self.summary
+        for executor in self.executors.values():
+            summary.bytes_uploaded += executor.bytes_sent
+            summary.files_uploaded += executor.files_sent
+        if planner is not None:
+            summary.halted = planner.halted
+            summary.not_run = planner.unfinished()
+        self.bus.publish(
+            BatchFinished(
+                finished=len(summary.outcomes) - len(summary.failed),
+                failed=tuple(summary.failed),
+                skipped=len(summary.skipped),
+                not_run=tuple(summary.not_run),
+                cancelled=summary.cancelled,
+                halted=summary.halted,
+                seconds=time.monotonic() - self._started,
+                bytes_sent=summary.bytes_uploaded,
+                files_sent=summary.files_uploaded,
+                bytes_received=summary.bytes_downloaded,
+            )
+        )
+        return summary
 
 
 async def run_batch(
@@ -795,11 +613,9 @@ async def run_batch(
     machines: Sequence[Machine],
     options: BatchOptions,
     *,
-    out: Printer = print,
-    err: Printer = print,
+    out: Printer | None = print,
+    err: Printer | None = print,
+    bus: EventBus | None = None,
 ) -> BatchSummary:
     """The Python API behind ``execute_batch``."""
-    return await Batch(jobs, machines, options, out=out, err=err).run()
-
-
-__all__ = ["Batch", "BatchOptions", "BatchSummary", "JobOutcome", "SchedulerError", "run_batch"]
+    return await Batch(jobs, machines, options, out=out, err=err, bus=bus).run()

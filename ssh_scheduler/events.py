@@ -1,0 +1,303 @@
+"""The typed event stream: every state change of a batch is one frozen event object.
+
+The planner says them, the coordinator adds the ones only it can see (output bytes, transfer
+warnings), and subscribers consume them: the journal (``journal.JournalWriter``), the terminal
+lines (``terminal.TerminalLines``) and anything else a caller attaches to an :class:`EventBus`
+(a live view, ``--json``).  Pure: no I/O here.
+
+Also here: :class:`Ended`, the one type that says how a command ended, used by the batch, by
+``execute_remote`` and by ``execute_to``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+__all__ = [
+    "EVENT_VERSION",
+    "BatchFinished",
+    "BatchStarted",
+    "Ended",
+    "Event",
+    "EventBus",
+    "HostBack",
+    "HostDown",
+    "HostQuarantined",
+    "JobCancelled",
+    "JobFailed",
+    "JobFinished",
+    "JobNotRun",
+    "JobPlaced",
+    "JobReattached",
+    "JobRequeued",
+    "JobRetrying",
+    "JobSkipped",
+    "JobStarted",
+    "Notice",
+    "PlanLine",
+    "Stopping",
+    "Waiting",
+]
+
+EVENT_VERSION = 1
+"""Bumped when a field of an event changes meaning or goes away (new fields do not bump it)."""
+
+TIMED_OUT = 124
+"""The exit code a job killed by ``--timeout`` reports, as timeout(1) does."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """How a command ended.  ``code`` is its exit status (128+n for signal n), ``None`` when it
+    never got one (host lost, never started, cancelled).  Expected failures are data, not
+    exceptions: a lost host is ``host_lost=True`` with the reason in ``message``."""
+
+    code: int | None
+    timed_out: bool = False
+    host_lost: bool = False
+    cancelled: bool = False
+    message: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.code == 0 and not self.timed_out
+
+    def describe(self) -> str:
+        """``exit 3``, ``timed out after ...``, ``host lost: ...``: for one-line reports."""
+        if self.timed_out:
+            return self.message or "timed out"
+        if self.host_lost:
+            return f"host lost: {self.message}" if self.message else "host lost"
+        if self.cancelled:
+            return "cancelled"
+        if self.code is None:
+            return self.message or "no exit status"
+        return f"exit {self.code}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event:
+    """Base of every event: ``kind`` names it on the wire, ``t`` is when it happened (Unix time)."""
+
+    kind: ClassVar[str] = "event"
+    t: float = field(default_factory=time.time)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict: ``{"version", "event", "t", ...fields}``."""
+        data: dict[str, Any] = {"version": EVENT_VERSION, "event": self.kind}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            data[f.name] = list(value) if isinstance(value, tuple) else value
+        data["t"] = round(self.t, 3)
+        return data
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchStarted(Event):
+    kind: ClassVar[str] = "batch_started"
+    token: str
+    jobs: int
+    hosts: tuple[str, ...]
+    limits: tuple[tuple[str, int], ...] = ()
+    """Per host (by its source file or name) how many jobs fit at once."""
+    gpu_choices: tuple[tuple[int, ...], ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanLine(Event):
+    """One placement of a ``--dry-run``."""
+
+    kind: ClassVar[str] = "plan"
+    job: str
+    host: str
+    gpus: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostDown(Event):
+    kind: ClassVar[str] = "host_down"
+    host: str
+    reason: str
+    at_start: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostBack(Event):
+    kind: ClassVar[str] = "host_up"
+    host: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostQuarantined(Event):
+    kind: ClassVar[str] = "host_quarantined"
+    host: str
+    failures: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobPlaced(Event):
+    kind: ClassVar[str] = "job_placed"
+    job: str
+    host: str
+    gpus: tuple[int, ...]
+    command: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobStarted(Event):
+    kind: ClassVar[str] = "job_started"
+    job: str
+    host: str
+    gpus: tuple[int, ...]
+    command: str
+    attempt: int = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobReattached(Event):
+    kind: ClassVar[str] = "job_reattached"
+    job: str
+    host: str
+    gpus: tuple[int, ...]
+    running: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobFinished(Event):
+    kind: ClassVar[str] = "job_finished"
+    job: str
+    host: str
+    command: str
+    code: int
+    seconds: float
+    bytes_received: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobFailed(Event):
+    kind: ClassVar[str] = "job_failed"
+    job: str
+    host: str
+    command: str
+    code: int | None
+    reason: str
+    """What the failed line says: ``exit 3``, ``timed out after 5 s``."""
+    seconds: float
+    message: str = ""
+    """More detail where there is some (why the copy back failed, say)."""
+    timed_out: bool = False
+    bytes_received: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobRetrying(Event):
+    kind: ClassVar[str] = "job_retrying"
+    job: str
+    host: str
+    code: int | None
+    attempt: int
+    attempts: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobRequeued(Event):
+    kind: ClassVar[str] = "job_requeued"
+    job: str
+    host: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobCancelled(Event):
+    kind: ClassVar[str] = "job_cancelled"
+    job: str
+    host: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobSkipped(Event):
+    """Not run because ``job_results/<job>`` exists (results are never overwritten)."""
+
+    kind: ClassVar[str] = "job_skipped"
+    job: str
+    line: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobNotRun(Event):
+    """A job that will not run in this batch (a job it waits for failed, or every host is gone)."""
+
+    kind: ClassVar[str] = "job_not_run"
+    job: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Waiting(Event):
+    """Nothing of ours runs and still nothing fits: other users hold the room."""
+
+    kind: ClassVar[str] = "waiting"
+    job: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stopping(Event):
+    """``how``: ``drain`` (start nothing new), ``kill`` (kill what runs), ``halt`` (--halt)."""
+
+    kind: ClassVar[str] = "stopping"
+    how: str
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Notice(Event):
+    """Something the user should read that changes no state: ``level`` is warning or error."""
+
+    kind: ClassVar[str] = "notice"
+    level: str
+    message: str
+    job: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchFinished(Event):
+    kind: ClassVar[str] = "batch_finished"
+    finished: int
+    failed: tuple[str, ...]
+    skipped: int
+    not_run: tuple[str, ...]
+    cancelled: bool
+    halted: bool
+    seconds: float
+    bytes_sent: int
+    files_sent: int
+    bytes_received: int
+
+
+Subscriber = Callable[[Event], None]
+
+
+class EventBus:
+    """Hands each event to every subscriber, in the order they subscribed.
+
+    A subscriber that raises stops the batch (the journal failing to write must not be
+    ignored); a subscriber that only displays should catch its own errors.
+    """
+
+    def __init__(self) -> None:
+        self._subscribers: list[Subscriber] = []
+
+    def subscribe(self, subscriber: Subscriber) -> None:
+        self._subscribers.append(subscriber)
+
+    def unsubscribe(self, subscriber: Subscriber) -> None:
+        self._subscribers.remove(subscriber)
+
+    def publish(self, event: Event) -> None:
+        for subscriber in self._subscribers:
+            subscriber(event)

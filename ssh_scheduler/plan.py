@@ -1,0 +1,683 @@
+"""The planner: every decision of a batch as a pure state machine.  Events in, actions out.
+
+The coordinator (``coordinator.py``) performs I/O and tells the planner what happened by calling
+one method per event (a probe landed, a job started or exited, a host was lost or came back, a
+timer fired, the user asked to stop); each method returns the :data:`Action` list to perform:
+start a job on a host and GPUs, kill a job, discard or commit an attempt's results, re-probe,
+revive a host, clean up what a host still holds, and :class:`Say` an event to the event stream.
+Nothing here awaits, sleeps or touches a socket or a file (httpcore's connection pool and h11's
+state machine are the models), so every rule is tested with plain values and replayed event
+sequences (tests/test_plan.py).
+
+What the planner owns: each host's :class:`~ssh_scheduler.allocate.MachineResources` and its
+lifecycle (up, down, quarantined), each job's phase and attempts, the queue (FIFO per kind of
+needs, so a big GPU job waiting for room does not hold back small CPU jobs), dependencies
+(``Job.after``), retries (preferably on a host where the job has not failed), requeue of jobs a
+lost host took down, quarantine after repeated outages, ``--halt``, ``--timeout`` and the two
+steps of stopping (drain, then kill).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from enum import Enum
+
+from .allocate import (
+    MachineResources,
+    Needs,
+    OwnUsage,
+    Placement,
+    choose,
+    explain_unfit,
+    max_concurrent,
+)
+from .batch import Job
+from .errors import TransportError, UnsatisfiableError
+from .events import (
+    TIMED_OUT,
+    BatchStarted,
+    Ended,
+    Event,
+    HostBack,
+    HostDown,
+    HostQuarantined,
+    JobCancelled,
+    JobFailed,
+    JobFinished,
+    JobNotRun,
+    JobPlaced,
+    JobReattached,
+    JobRequeued,
+    JobRetrying,
+    JobStarted,
+    Notice,
+    PlanLine,
+    Stopping,
+    Waiting,
+)
+from .policy import HaltPolicy, Resumable
+from .probe import HostState
+
+__all__ = [
+    "Action",
+    "Cleanup",
+    "Commit",
+    "Discard",
+    "JobPhase",
+    "KillJob",
+    "PlanOptions",
+    "Planner",
+    "Reprobe",
+    "Revive",
+    "Say",
+    "StartJob",
+    "StopBatch",
+]
+
+
+# -- actions ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StartJob:
+    """Run ``job`` with ``placement`` (host and GPUs); ``resume``: take up the run a host kept
+    going for an earlier coordinator instead of starting it."""
+
+    job: Job
+    placement: Placement
+    attempt: int = 1
+    resume: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class KillJob:
+    """Kill the job's whole process tree.  ``reason``: ``timeout`` (the attempt then ends as
+    timed out and its results are committed), ``halt`` or ``stop`` (the attempt is cancelled)."""
+
+    job: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """Bring the ended attempt's results home; report with :meth:`Planner.job_committed`."""
+
+    job: str
+
+
+@dataclass(frozen=True, slots=True)
+class Discard:
+    """Remove the ended attempt's folder on its host without bringing anything home."""
+
+    job: str
+    host: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reprobe:
+    """Probe ``host`` again soon (``None``: every host), coalesced by the coordinator."""
+
+    host: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Revive:
+    """Reconnect to a lost host with backoff; report with :meth:`Planner.host_back`."""
+
+    host: str
+
+
+@dataclass(frozen=True, slots=True)
+class Cleanup:
+    """End and remove what ``host``'s agent still holds for ``job`` (not ours to run there)."""
+
+    host: str
+    job: str
+
+
+@dataclass(frozen=True, slots=True)
+class StopBatch:
+    """The second stop: cancel everything now (the coordinator exits with 130)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Say:
+    event: Event
+
+
+Action = StartJob | KillJob | Commit | Discard | Reprobe | Revive | Cleanup | StopBatch | Say
+
+
+# -- state -----------------------------------------------------------------------------------------
+
+
+class JobPhase(Enum):
+    BLOCKED = "blocked"  # waits for jobs in ``after``
+    QUEUED = "queued"
+    RUNNING = "running"  # placed: staging, running or bringing results home
+    FINISHED = "finished"
+    FAILED = "failed"
+    NOT_RUN = "not_run"
+    CANCELLED = "cancelled"
+
+
+_FINAL = frozenset({JobPhase.FINISHED, JobPhase.FAILED, JobPhase.NOT_RUN, JobPhase.CANCELLED})
+
+
+@dataclass(frozen=True, slots=True)
+class PlanOptions:
+    needs: Needs = Needs()
+    gpus_explicit: bool = False
+    """False: the default of one GPU per job quietly becomes none when no host has a GPU."""
+    retries: int = 0
+    timeout: float | None = None
+    halt: HaltPolicy = HaltPolicy()
+    quarantine_after: int = 3
+
+
+@dataclass(slots=True)
+class _Host:
+    name: str
+    label: str  # how the header names it (the machine file, as the ancestor printed)
+    resources: MachineResources | None = None
+    down: str | None = None
+    failures: int = 0  # outages in a row
+    quarantined: bool = False
+    reviving: bool = False
+
+    @property
+    def usable(self) -> bool:
+        return self.down is None and self.resources is not None and not self.quarantined
+
+
+@dataclass(slots=True)
+class _Job:
+    job: Job
+    needs: Needs = Needs()
+    phase: JobPhase = JobPhase.QUEUED
+    attempt: int = 1
+    failed_on: list[str] = field(default_factory=list)
+    placement: Placement | None = None
+    started_at: float | None = None
+    killing: str | None = None
+    waiting_on: int = 0
+
+
+class Planner:
+    """One batch's decisions.  Feed it events (method calls), perform what they return."""
+
+    def __init__(
+        self,
+        jobs: Sequence[Job],
+        hosts: Sequence[tuple[str, str]],
+        options: PlanOptions = PlanOptions(),
+        *,
+        resumable: Mapping[str, Resumable] | None = None,
+        already_done: Mapping[str, bool] | None = None,
+    ) -> None:
+        """``hosts``: (name, label) pairs.  ``already_done``: jobs of the batch file that are not
+        run now because results exist, with whether they succeeded (for ``after``)."""
+        self.options = options
+        self.hosts = {name: _Host(name, label) for name, label in hosts}
+        self.jobs: dict[str, _Job] = {job.name: _Job(job) for job in jobs}
+        self.resumable = dict(resumable or {})
+        self.draining = False
+        self.halted = False
+        self.cancelled = False
+        self.total = len(self.jobs)
+        self.failures = 0
+        self._queues: dict[Needs, deque[str]] = {}
+        self._dependents: dict[str, list[str]] = {}
+        self._last_wait = ""
+        self._began = False
+        done = already_done or {}
+        for slot in self.jobs.values():
+            for name in slot.job.after:
+                if name in self.jobs:
+                    slot.waiting_on += 1
+                    self._dependents.setdefault(name, []).append(slot.job.name)
+                elif not done.get(name, True):
+                    slot.phase = JobPhase.NOT_RUN  # reported by begin()
+            if slot.waiting_on:
+                slot.phase = JobPhase.BLOCKED
+
+    # -- views ---------------------------------------------------------------------------------
+
+    @property
+    def done(self) -> bool:
+        """Nothing runs and nothing more will start."""
+        if any(slot.phase is JobPhase.RUNNING for slot in self.jobs.values()):
+            return False
+        return self.draining or self.halted or not any(self._queues.values())
+
+    def phase(self, job: str) -> JobPhase:
+        return self.jobs[job].phase
+
+    def running(self) -> list[str]:
+        return [name for name, slot in self.jobs.items() if slot.phase is JobPhase.RUNNING]
+
+    def resources(self, host: str) -> MachineResources | None:
+        return self.hosts[host].resources
+
+    def host_of(self, job: str) -> str | None:
+        placement = self.jobs[job].placement
+        return placement.machine if placement is not None else None
+
+    def unfinished(self) -> list[str]:
+        """Jobs that did not reach an end (for the summary's "not run")."""
+        return [
+            name
+            for name, slot in self.jobs.items()
+            if slot.phase in (JobPhase.QUEUED, JobPhase.BLOCKED, JobPhase.NOT_RUN)
+        ]
+
+    def next_deadline(self) -> float | None:
+        """When :meth:`tick` next has something to do (a ``--timeout``), or None."""
+        if self.options.timeout is None:
+            return None
+        starts = [
+            slot.started_at
+            for slot in self.jobs.values()
+            if slot.phase is JobPhase.RUNNING and slot.started_at is not None and not slot.killing
+        ]
+        return min(starts) + self.options.timeout if starts else None
+
+    # -- the start -----------------------------------------------------------------------------
+
+    def host_unreachable(self, host: str, reason: str) -> list[Action]:
+        """Connecting failed before the batch began: the host is retried in the background."""
+        slot = self.hosts[host]
+        slot.down = reason
+        return [Say(HostDown(host=host, reason=reason, at_start=True))]
+
+    def probe_landed(
+        self,
+        host: str,
+        state: HostState,
+        own: Mapping[str, OwnUsage] | None = None,
+        generation: int | None = None,
+    ) -> list[Action]:
+        slot = self.hosts[host]
+        if slot.resources is None:
+            slot.resources = MachineResources(host, state)
+        else:
+            slot.resources.update(state, own or {}, generation)
+        return self._dispatch() if self._began else []
+
+    def probe_failed(self, host: str, reason: str) -> list[Action]:
+        if not self._began:
+            return self.host_unreachable(host, reason)
+        return self._host_failed(self.hosts[host], reason)
+
+    def begin(self, token: str) -> list[Action]:
+        """Every host answered or failed once: settle each job's needs, refuse a job no host
+        could ever fit (before anything runs), announce the batch, start dispatching."""
+        states = [h.resources.state for h in self.hosts.values() if h.resources is not None]
+        usable = [h.resources for h in self.hosts.values() if h.usable and h.resources is not None]
+        if not usable:
+            reasons = "; ".join(f"{h.name}: {h.down}" for h in self.hosts.values())
+            raise TransportError(f"no usable host ({reasons})")
+        base = self.options.needs
+        if base.gpus and not self.options.gpus_explicit and not any(s.gpus for s in states):
+            # The ancestor requires a GPU by default; on a fleet without any it could never be
+            # met, so unless the user asked for GPUs it quietly becomes "no GPU".
+            base = replace(base, gpus=0, gpu_memory_mb=0, gpu_utilization=0.0, reserve_gpu=False)
+        checked: dict[Needs, bool] = {}
+        actions: list[Action] = []
+        for name, slot in self.jobs.items():
+            slot.needs = slot.job.needs.apply(base) if not slot.job.needs.empty else base
+            fits = checked.get(slot.needs)
+            if fits is None:
+                fits = checked[slot.needs] = any(m.could_ever_fit(slot.needs) for m in usable)
+            if not fits:
+                every = "" if len(checked) > 1 else " (and every job of this batch)"
+                raise UnsatisfiableError(
+                    f"job {name}{every} can never run: {explain_unfit(usable, slot.needs)}; "
+                    "lower the job's needs or add a bigger machine"
+                )
+        self._began = True
+        limits = tuple(
+            (h.label, max_concurrent(h.resources, base))
+            for h in self.hosts.values()
+            if h.usable and h.resources is not None
+        )
+        choices = tuple(
+            tuple(g.index for g in h.resources.state.gpus)
+            for h in self.hosts.values()
+            if h.usable and h.resources is not None
+        )
+        actions.append(
+            Say(BatchStarted(token=token, jobs=self.total, hosts=tuple(self.hosts), limits=limits, gpu_choices=choices))
+        )
+        for slot in self.jobs.values():
+            if slot.phase is JobPhase.QUEUED:
+                self._enqueue(slot)
+            elif slot.phase is JobPhase.NOT_RUN:
+                missing = [n for n in slot.job.after if n not in self.jobs]
+                actions.append(Say(JobNotRun(job=slot.job.name, reason=f"{missing[0]} failed in an earlier run (--retry-failed reruns it)")))
+        for host in self.hosts.values():
+            if host.down is not None:
+                actions += self._revive(host)
+        return actions
+
+    def dry_run(self) -> list[PlanLine]:
+        """The schedule if jobs ended in the order they started (the placements of ``--dry-run``)."""
+        running: deque[tuple[MachineResources, str]] = deque()
+        machines = [h.resources for h in self.hosts.values() if h.usable and h.resources is not None]
+        lines: list[PlanLine] = []
+        for slot in self.jobs.values():
+            if slot.phase in _FINAL:
+                continue
+            while True:
+                target = choose(machines, slot.needs)
+                if target is not None:
+                    placement = target.allocate(slot.job.name, slot.needs)
+                    running.append((target, slot.job.name))
+                    lines.append(PlanLine(job=slot.job.name, host=target.name, gpus=placement.gpu_indices))
+                    break
+                if not running:
+                    raise UnsatisfiableError(f"job {slot.job.name} fits on no host")
+                done_on, done_job = running.popleft()
+                done_on.release(done_job)
+        for machine, name in running:
+            machine.release(name)
+        return lines
+
+    def agent_jobs_found(self, host: str, jobs: Mapping[str, bool]) -> list[Action]:
+        """What a host's agent still holds from an earlier coordinator (job -> still running):
+        take up what the journal says ran there and is still to do; end everything else."""
+        actions: list[Action] = []
+        slot_host = self.hosts[host]
+        for name, running in jobs.items():
+            slot = self.jobs.get(name)
+            entry = self.resumable.pop(name, None)
+            if (
+                slot is None
+                or entry is None
+                or entry.host != host
+                or slot.phase is not JobPhase.QUEUED
+                or slot_host.resources is None
+            ):
+                if slot is None or slot.placement is None or slot.placement.machine != host:
+                    actions.append(Cleanup(host, name))
+                continue
+            self._dequeue(slot)
+            placement = slot_host.resources.adopt(name, slot.needs, entry.gpus)
+            slot.phase, slot.placement = JobPhase.RUNNING, placement
+            actions.append(Say(JobReattached(job=name, host=host, gpus=placement.gpu_indices, running=running)))
+            actions.append(StartJob(slot.job, placement, slot.attempt, resume=True))
+        return actions
+
+    def kick(self) -> list[Action]:
+        """Place what fits now (after :meth:`begin` and any reattachment)."""
+        return self._dispatch()
+
+    # -- jobs ----------------------------------------------------------------------------------
+
+    def job_started(self, job: str, now: float) -> list[Action]:
+        """The job's inputs are on its host and its command is about to run."""
+        slot = self.jobs[job]
+        slot.started_at = now
+        assert slot.placement is not None
+        return [
+            Say(
+                JobStarted(
+                    job=job,
+                    host=slot.placement.machine,
+                    gpus=slot.placement.gpu_indices,
+                    command=slot.job.command,
+                    attempt=slot.attempt,
+                )
+            )
+        ]
+
+    def job_exited(self, job: str, ended: Ended) -> list[Action]:
+        """The attempt's processes are gone (or its host is).  Returns exactly one of
+        :class:`Commit` / :class:`Discard` for a job that still needs its folder handled."""
+        slot = self.jobs[job]
+        placement = slot.placement
+        assert placement is not None and slot.phase is JobPhase.RUNNING
+        host = self.hosts[placement.machine]
+        actions: list[Action] = []
+        if host.resources is not None:
+            host.resources.release(job)
+        if ended.host_lost:
+            actions += self._host_failed(host, ended.message or "connection lost")
+            actions += self._requeue(slot, f"host {host.name} was lost")
+            return actions + self._dispatch()
+        host.failures = 0
+        actions.append(Reprobe(host.name))
+        if not ended.ok and slot.killing in (None, "timeout") and self._retry(slot):
+            actions.append(
+                Say(JobRetrying(job=job, host=host.name, code=ended.code, attempt=slot.attempt, attempts=self.options.retries + 1))
+            )
+            actions.append(Discard(job, host.name))
+            return actions + self._dispatch()
+        actions.append(Commit(job))
+        return actions + self._dispatch()
+
+    def job_committed(self, job: str, ended: Ended, bytes_received: int = 0, now: float | None = None) -> list[Action]:
+        """The attempt's results are home (or could not be brought): the job's end is final."""
+        slot = self.jobs[job]
+        assert slot.placement is not None
+        host = slot.placement.machine
+        seconds = (now - slot.started_at) if now is not None and slot.started_at is not None else 0.0
+        actions: list[Action] = []
+        if ended.ok:
+            slot.phase = JobPhase.FINISHED
+            actions.append(
+                Say(JobFinished(job=job, host=host, command=slot.job.command, code=0, seconds=seconds, bytes_received=bytes_received))
+            )
+            for name in self._dependents.get(job, ()):
+                waiting = self.jobs[name]
+                waiting.waiting_on -= 1
+                if waiting.waiting_on == 0 and waiting.phase is JobPhase.BLOCKED:
+                    waiting.phase = JobPhase.QUEUED
+                    self._enqueue(waiting)
+            return actions + self._dispatch()
+        slot.phase = JobPhase.FAILED
+        self.failures += 1
+        actions.append(
+            Say(
+                JobFailed(
+                    job=job, host=host, command=slot.job.command, code=ended.code,
+                    reason=ended.describe(), seconds=seconds, timed_out=ended.timed_out,
+                    message=ended.message or "",
+                    bytes_received=bytes_received,
+                )
+            )
+        )
+        actions += self._not_run_after(job)
+        if self.options.halt.reached(self.failures, self.total) and not self.draining:
+            self.halted = self.draining = True
+            policy = self.options.halt
+            actions.append(Say(Stopping(how="halt", reason=f"{self.failures} jobs failed (--halt {policy.when})")))
+            if policy.when == "now":
+                actions += self._kill_running("halt", but=job)
+        return actions + self._dispatch()
+
+    def job_cancelled(self, job: str) -> list[Action]:
+        """The attempt was cancelled (stop, halt now) and its processes killed."""
+        slot = self.jobs[job]
+        slot.phase = JobPhase.CANCELLED
+        host = slot.placement.machine if slot.placement is not None else ""
+        if slot.placement is not None and (resources := self.hosts[host].resources) is not None:
+            resources.release(job)
+        return [Say(JobCancelled(job=job, host=host))]
+
+    def tick(self, now: float) -> list[Action]:
+        """Time passed: kill the jobs past ``--timeout``."""
+        timeout = self.options.timeout
+        if timeout is None:
+            return []
+        actions: list[Action] = []
+        for name, slot in self.jobs.items():
+            if (
+                slot.phase is JobPhase.RUNNING
+                and slot.started_at is not None
+                and not slot.killing
+                and now >= slot.started_at + timeout
+            ):
+                slot.killing = "timeout"
+                actions.append(KillJob(name, "timeout"))
+        return actions
+
+    def timed_out(self, job: str) -> Ended:
+        """How a job killed for ``--timeout`` ended (its own exit status is the kill's)."""
+        return Ended(TIMED_OUT, timed_out=True, message=f"timed out after {self.options.timeout:g} s")
+
+    def killed_for(self, job: str) -> str | None:
+        return self.jobs[job].killing
+
+    # -- hosts ---------------------------------------------------------------------------------
+
+    def host_lost(self, host: str, reason: str) -> list[Action]:
+        return self._host_failed(self.hosts[host], reason)
+
+    def host_back(
+        self,
+        host: str,
+        state: HostState,
+        own: Mapping[str, OwnUsage] | None = None,
+        agent_jobs: Mapping[str, bool] | None = None,
+    ) -> list[Action]:
+        """A revived host answered again and was probed."""
+        slot = self.hosts[host]
+        slot.reviving = False
+        slot.down = None
+        slot.resources = MachineResources(host, state)
+        if own:
+            slot.resources.update(state, own)
+        actions: list[Action] = [Say(HostBack(host=host))]
+        # Whatever it still runs for us was requeued elsewhere when it was lost: end it there.
+        for name in agent_jobs or ():
+            if self.host_of(name) != host or self.jobs[name].phase is not JobPhase.RUNNING:
+                actions.append(Cleanup(host, name))
+        return actions + self._dispatch()
+
+    def revive_gave_up(self, host: str) -> None:
+        self.hosts[host].reviving = False
+
+    # -- stopping ------------------------------------------------------------------------------
+
+    def stop(self) -> list[Action]:
+        """First call: start nothing new, let running jobs finish.  Second: kill them."""
+        if not self.draining:
+            self.draining = True
+            return [Say(Stopping(how="drain"))]
+        self.cancelled = True
+        return [Say(Stopping(how="kill")), *self._kill_running("stop"), StopBatch()]
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _enqueue(self, slot: _Job, front: bool = False) -> None:
+        queue = self._queues.setdefault(slot.needs, deque())
+        if front:
+            queue.appendleft(slot.job.name)
+        else:
+            queue.append(slot.job.name)
+
+    def _dequeue(self, slot: _Job) -> None:
+        queue = self._queues.get(slot.needs)
+        if queue is not None and slot.job.name in queue:
+            queue.remove(slot.job.name)
+
+    def _dispatch(self) -> list[Action]:
+        if not self._began or self.draining:
+            return []
+        usable = [h.resources for h in self.hosts.values() if h.usable and h.resources is not None]
+        actions: list[Action] = []
+        for needs, queue in self._queues.items():
+            while queue:
+                slot = self.jobs[queue[0]]
+                machines = usable
+                if slot.failed_on:
+                    avoid = set(slot.failed_on)
+                    machines = [m for m in usable if m.name not in avoid] or usable
+                target = choose(machines, needs)
+                if target is None:
+                    break
+                queue.popleft()
+                placement = target.allocate(slot.job.name, needs)
+                slot.phase, slot.placement, slot.started_at, slot.killing = JobPhase.RUNNING, placement, None, None
+                actions.append(
+                    Say(JobPlaced(job=slot.job.name, host=target.name, gpus=placement.gpu_indices, command=slot.job.command))
+                )
+                actions.append(StartJob(slot.job, placement, slot.attempt))
+        if actions or not any(self._queues.values()):
+            self._last_wait = ""
+            return actions
+        if any(slot.phase is JobPhase.RUNNING for slot in self.jobs.values()):
+            return actions
+        # Nothing of ours runs and nothing fits.
+        if not any(h.usable or h.reviving for h in self.hosts.values()):
+            self.draining = True
+            actions.append(Say(Notice(level="error", message="every host is down or quarantined; the remaining jobs were not run")))
+            return actions
+        head = next(q[0] for q in self._queues.values() if q)
+        reason = "; ".join(
+            f"{h.name}: {h.resources.capacity_summary()}" for h in self.hosts.values() if h.usable and h.resources is not None
+        ) or "; ".join(f"{h.name}: down" for h in self.hosts.values())
+        if reason != self._last_wait:
+            self._last_wait = reason
+            actions.append(Say(Waiting(job=head, reason=reason)))
+        return actions
+
+    def _retry(self, slot: _Job) -> bool:
+        """--retries: a failed job runs again, preferably on a host where it has not failed."""
+        assert slot.placement is not None
+        slot.failed_on.append(slot.placement.machine)
+        if len(slot.failed_on) > self.options.retries or self.draining:
+            return False
+        slot.attempt += 1
+        slot.phase = JobPhase.QUEUED
+        self._enqueue(slot, front=True)
+        return True
+
+    def _requeue(self, slot: _Job, reason: str) -> list[Action]:
+        assert slot.placement is not None
+        host = slot.placement.machine
+        slot.phase = JobPhase.QUEUED
+        self._enqueue(slot, front=True)
+        return [Say(JobRequeued(job=slot.job.name, host=host, reason=reason))]
+
+    def _host_failed(self, host: _Host, reason: str) -> list[Action]:
+        actions: list[Action] = []
+        if host.down is None:
+            # One outage counts once, however many of our jobs it took down with it.
+            host.failures += 1
+            host.down = reason
+            actions.append(Say(HostDown(host=host.name, reason=reason)))
+        if host.failures >= self.options.quarantine_after and not host.quarantined:
+            host.quarantined = True
+            actions.append(Say(HostQuarantined(host=host.name, failures=host.failures)))
+        return actions + self._revive(host)
+
+    def _revive(self, host: _Host) -> list[Action]:
+        if host.quarantined or host.reviving:
+            return []
+        host.reviving = True
+        return [Revive(host.name)]
+
+    def _kill_running(self, reason: str, but: str | None = None) -> list[Action]:
+        actions: list[Action] = []
+        for name, slot in self.jobs.items():
+            if slot.phase is JobPhase.RUNNING and name != but and not slot.killing:
+                slot.killing = reason
+                actions.append(KillJob(name, reason))
+        return actions
+
+    def _not_run_after(self, failed: str) -> list[Action]:
+        """Jobs waiting (directly or not) for a job that failed will not run in this batch."""
+        actions: list[Action] = []
+        stack = list(self._dependents.get(failed, ()))
+        while stack:
+            slot = self.jobs[stack.pop()]
+            if slot.phase is not JobPhase.BLOCKED:
+                continue
+            slot.phase = JobPhase.NOT_RUN
+            actions.append(Say(JobNotRun(job=slot.job.name, reason=f"{failed} failed")))
+            stack.extend(self._dependents.get(slot.job.name, ()))
+        return actions

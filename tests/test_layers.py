@@ -1,0 +1,91 @@
+"""The layering rules: the pure core loads neither asyncio nor asyncssh; the API is exported."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import ssh_scheduler
+
+PACKAGE = Path(ssh_scheduler.__file__).parent
+PURE = ("allocate", "batch", "combine", "config", "events", "hostlist", "journal", "plan", "policy", "probe", "terminal")
+
+
+@pytest.mark.parametrize("module", PURE)
+def test_pure_modules_load_neither_asyncio_nor_asyncssh(module: str) -> None:
+    code = (
+        f"import sys, ssh_scheduler.{module}; "
+        "bad = sorted(m for m in ('asyncio', 'asyncssh', 'typer') if m in sys.modules); "
+        "print(','.join(bad))"
+    )
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert found.stdout.strip() == "", f"ssh_scheduler.{module} loads {found.stdout.strip()}"
+
+
+# Imports per module, top-level ones apart (a local import inside a function is lazy).  Parsed
+# in a fresh interpreter: CPython 3.11's ast can trip over the recursion depth a long pytest
+# session leaves behind ("AST constructor recursion depth mismatch").
+_IMPORTS = """
+import ast, json, pathlib, sys
+out = {}
+for path in sorted(pathlib.Path(sys.argv[1]).glob("*.py")):
+    tree = ast.parse(path.read_text())
+    every, top = set(), set()
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = ["ssh_scheduler." + (node.module or "") if node.level else node.module or ""]
+        every.update(names)
+        if node in tree.body:
+            top.update(names)
+    out[path.stem] = [sorted(every), sorted(top)]
+print(json.dumps(out))
+"""
+
+
+def imports() -> dict[str, tuple[set[str], set[str]]]:
+    found = subprocess.run([sys.executable, "-c", _IMPORTS, str(PACKAGE)], capture_output=True, text=True, check=True)
+    return {module: (set(every), set(top)) for module, (every, top) in json.loads(found.stdout).items()}
+
+
+def test_only_transport_imports_asyncssh_and_only_cli_imports_typer() -> None:
+    for module, (every, _top) in imports().items():
+        roots = {name.split(".")[0] for name in every}
+        if "asyncssh" in roots:
+            assert module == "transport", module
+        if "typer" in roots:
+            assert module.startswith("cli"), module
+
+
+def test_the_python_api_is_exported() -> None:
+    assert isinstance(ssh_scheduler.__all__, tuple)
+    for name in ssh_scheduler.__all__:
+        assert getattr(ssh_scheduler, name) is not None, name
+
+
+def test_no_import_cycles_between_modules() -> None:
+    """Module A imports B at top level and B imports A: a cycle the package must not have."""
+    graph = {
+        module: {name.split(".")[1] for name in top if name.startswith("ssh_scheduler.") and name.count(".") >= 1}
+        for module, (_every, top) in imports().items()
+    }
+    seen: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        seen[node] = 1
+        for dep in sorted(graph.get(node, ())):
+            if seen.get(dep) == 1:
+                raise AssertionError(f"import cycle: {' -> '.join([*path, node, dep])}")
+            if not seen.get(dep):
+                visit(dep, [*path, node])
+        seen[node] = 2
+
+    for module in sorted(graph):
+        if not seen.get(module):
+            visit(module, [])
