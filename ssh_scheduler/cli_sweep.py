@@ -180,12 +180,7 @@ def sweep(
             out_line(f"nothing to do: every command of {len(combos)} combinations succeeded before")
             return
         forwards = tuple(copy_forwards or (".",))
-        jobs = build_jobs(
-            runs,
-            {c.name: (*forwards, layout.forwards(c.name)) for c, _, _ in runs},
-            {c.name: (*copy_backwards, layout.output(c.name)) for c, _, _ in runs} if copy_backwards else {},
-            str(sweep_file),
-        )
+        jobs = build_jobs(runs, layout.copies(forwards, copy_backwards), str(sweep_file))
         hosts = load_machines(machines, exclude=exclude_hosts or ()) if machines else [local_machine()]
         needs, gpus_explicit = flag_needs(
             num_cpus, memory_required, reserve, no_gpu_required, gpus_per_job,

@@ -39,7 +39,7 @@ import json
 import random
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -432,17 +432,21 @@ def command_values(combo: Combination, output: str) -> dict[str, str]:
     return {**{k: render_value(v) for k, v in combo.values.items()}, "_output": output, "_name": combo.name}
 
 
+Copies = tuple[tuple[str, ...] | None, tuple[str, ...] | None]
+"""A job's ``(copy_forwards, copy_backwards)``; ``None`` takes the batch's default."""
+
+
 def build_jobs(
     runs: Sequence[tuple[Combination, str, str]],
-    forwards_of: Mapping[str, tuple[str, ...] | None],
-    backwards_of: Mapping[str, tuple[str, ...] | None],
+    copies: Callable[[Combination, int], Copies],
     path: str,
 ) -> list[Job]:
     """``runs`` are ``(combination, command name, rendered command)`` in run order; each becomes
     job ``<combination>.<command>``, waiting (``after``) for the combination's previous run.
-    ``forwards_of``/``backwards_of`` give each combination's copy paths (``None``: batch default)."""
+    ``copies(combination, k)`` gives the copy paths of the combination's k-th job (from 0)."""
     jobs: list[Job] = []
     previous: dict[str, str] = {}
+    position: dict[str, int] = {}
     for combo, command, text in runs:
         name = f"{combo.name}.{command}"
         try:
@@ -450,10 +454,10 @@ def build_jobs(
         except BatchError as err:
             raise ConfigError(f"{plain_text(path)}: {err}") from None
         after = (previous[combo.name],) if combo.name in previous else ()
-        jobs.append(
-            Job(name, text, combo.index, forwards_of.get(combo.name), backwards_of.get(combo.name),
-                combo.needs, after)
-        )
+        k = position.get(combo.name, 0)
+        forwards, backwards = copies(combo, k)
+        jobs.append(Job(name, text, combo.index, forwards, backwards, combo.needs, after))
         previous[combo.name] = name
+        position[combo.name] = k + 1
     check_dependencies(jobs, plain_text(path))
     return jobs

@@ -24,13 +24,13 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ssh_scheduler.errors import ConfigError, plain_text
-from ssh_scheduler.sweep import Combination, command_values, render
+from ssh_scheduler.sweep import Combination, Copies, command_values, render
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +70,32 @@ class Layout:
             return Path(self.results) / combo / name
         return Path(self.results) / f"{combo}.{name}"
 
-    def forwards(self, combo: str) -> str:
-        """What to send with each command so ``{_output}`` exists and holds the earlier
-        commands' files: the combination's folder (or, without one, its param.json)."""
-        return self.output(combo) if self.param_dir else str(self.file(combo, "param.json").as_posix())
+    def manifest(self, combo: str) -> Path:
+        """Which files of the combination each command wrote (so a rerun can set them aside)."""
+        if self.param_dir:
+            return Path(self.results) / combo / ".files.json"
+        return Path(self.results) / f".{combo}.files.json"
+
+    def forwards(self, combo: str, position: int = 0) -> str:
+        """What to send with a combination's command so ``{_output}`` exists and holds the
+        earlier commands' files: the combination's folder (or, without one, its param.json).
+
+        The scheduler collects a job's inputs when it sends its first job with the same copy
+        paths; the k-th command of a combination spells the same folder differently
+        (``job_results/lr_1/.`` for the second) so that its inputs are collected when it is sent,
+        after the earlier command's files arrived, not when the first command was sent."""
+        if not self.param_dir:
+            return self.file(combo, "param.json").as_posix()
+        return self.output(combo) + "/." * position
+
+    def copies(self, forwards: Sequence[str], backwards: Sequence[str] | None) -> Callable[[Combination, int], Copies]:
+        """``build_jobs``'s copy paths: the batch's own plus the combination's folder."""
+
+        def of(combo: Combination, position: int) -> Copies:
+            back = (*backwards, self.output(combo.name)) if backwards else None
+            return (*forwards, self.forwards(combo.name, position)), back
+
+        return of
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -144,14 +166,22 @@ def prepare(runs: Sequence[Run], layout: Layout) -> None:
         running = {command for _, command, _ in combo_runs}
         if stat:  # an old success must not outlive the rerun that replaces it
             write_json(stat_path, {k: v for k, v in stat.items() if k not in running})
-    jobs = layout.jobs_dir
     for combo, command, _ in runs:
-        _set_aside(jobs, f"{combo.name}.{command}")
+        _set_aside(layout, combo.name, command)
 
 
-def _set_aside(jobs: Path, job: str) -> None:
+def _set_aside(layout: Layout, combo: str, command: str) -> None:
+    """Move a command's earlier job results, and the files it wrote into the combination's
+    folder, to ``.jobs/.previous/<job>.<n>/``: the rerun starts clean (files sent to a job are
+    read-only there, so an old output in its way could not even be overwritten)."""
+    jobs = layout.jobs_dir
+    job = f"{combo}.{command}"
     paths = [jobs / job, jobs / f"{job}.out", jobs / f"{job}.err"]
-    if not any(p.exists() for p in paths):
+    manifest_path = layout.manifest(combo)
+    manifest = read_json(manifest_path)
+    output = Path(layout.output(combo))
+    written = [output / rel for rel in manifest.get(command, ()) if os.path.lexists(output / rel)]
+    if not any(p.exists() for p in paths) and not written:
         return
     n = 1
     while (jobs / PREVIOUS_FOLDER / f"{job}.{n}").exists():
@@ -161,6 +191,12 @@ def _set_aside(jobs: Path, job: str) -> None:
     for path in paths:
         if path.exists():
             os.rename(path, target / path.name)
+    for path in written:
+        moved = target / "output" / path.relative_to(output)
+        moved.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(path, moved)
+    manifest.pop(command, None)
+    write_json(manifest_path, manifest)
 
 
 def job_stats(
@@ -189,11 +225,16 @@ def collect(layout: Layout, combo: str, command: str, stat: Mapping[str, Any] | 
     job = f"{combo}.{command}"
     source = layout.jobs_dir / job / layout.output(combo)
     target = Path(layout.output(combo))
-    ours = {layout.file(combo, n).name for n in ("param.json", "stat.json")}
+    ours = {layout.file(combo, n).name for n in ("param.json", "stat.json")} | {layout.manifest(combo).name}
     ours |= {layout.file(combo, f"{c}{s}").name for c in commands for s in (".out", ".err")}
     if source.is_dir():
-        _merge(source, target, ours)
+        moved = _merge(source, target, ours)
         _remove_empty(source, layout.jobs_dir / job)
+        if moved:
+            manifest_path = layout.manifest(combo)
+            manifest = read_json(manifest_path)
+            manifest[command] = sorted({*manifest.get(command, ()), *moved})
+            write_json(manifest_path, manifest)
     for suffix in (".out", ".err"):
         log_file = layout.jobs_dir / f"{job}{suffix}"
         if log_file.exists():
@@ -203,9 +244,10 @@ def collect(layout: Layout, combo: str, command: str, stat: Mapping[str, Any] | 
         write_json(stat_path, {**read_json(stat_path), command: dict(stat)})
 
 
-def _merge(source: Path, target: Path, protected: set[str]) -> None:
+def _merge(source: Path, target: Path, protected: set[str]) -> list[str]:
     """Move every file of ``source`` to the same place under ``target`` (replacing an older
-    one); our own files at the top are never replaced by a job's."""
+    one); our own files at the top are never replaced by a job's.  Returns what was moved."""
+    moved: list[str] = []
     for dirpath, dirnames, filenames in os.walk(source, topdown=False):
         here = Path(dirpath)
         rel = here.relative_to(source)
@@ -218,9 +260,11 @@ def _merge(source: Path, target: Path, protected: set[str]) -> None:
             if destination.is_dir() and not destination.is_symlink():
                 shutil.rmtree(destination)
             os.replace(here / name, destination)
+            moved.append((rel / name).as_posix())
         if here != source:
             with contextlib.suppress(OSError):  # something stayed (a protected name)
                 here.rmdir()
+    return moved
 
 
 def _remove_empty(folder: Path, stop: Path) -> None:
