@@ -13,6 +13,7 @@ import contextlib
 import json
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -202,8 +203,8 @@ def sweep(
         )
         prepare(runs, layout)
         layout.jobs_dir.mkdir(parents=True, exist_ok=True)
-        runner = SweepRun(jobs, hosts, options, layout, [name for name, _ in chosen])
-        code = run_async(lambda: runner.run(debug), runner.batch.request_stop)
+        runner = SweepRun(jobs, hosts, options, layout, [name for name, _ in chosen], debug)
+        code = run_async(runner.run, runner.request_stop)
     except SchedulerError as exc:
         raise fail(exc) from None
     except asyncio.CancelledError:
@@ -214,17 +215,27 @@ def sweep(
 
 class SweepRun:
     """The batch of a sweep, with each job's results gathered into its combination's folder as
-    the job ends (before the combination's next command is sent)."""
+    the job ends (before the combination's next command is sent).
+
+    ``-d`` runs the one combination's commands as one batch each, in order, its output copied to
+    the console: the seed runner's debug mode, and in order whatever the scheduler does with
+    ``after``."""
 
     def __init__(self, jobs: Sequence[Job], hosts: Sequence[Machine], options: BatchOptions,
-                 layout: Layout, commands: Sequence[str]) -> None:
+                 layout: Layout, commands: Sequence[str], debug: bool = False) -> None:
         from .scheduler import Batch
 
         self.layout = layout
         self.commands = list(commands)
         self.owner = {job.name: tuple(job.name.rsplit(".", 1)) for job in jobs}
         self.journal = JournalFollower(layout.jobs_dir / ".journal.jsonl")
-        self.batch = Batch(jobs, hosts, options, out=self.on_line, err=err_line)
+        self.debug = debug
+        stages = [[replace(job, after=())] for job in jobs] if debug else [list(jobs)]
+        self.batches = [Batch(stage, hosts, options, out=self.on_line, err=err_line) for stage in stages]
+        self.current = self.batches[0]
+
+    def request_stop(self) -> None:
+        self.current.request_stop()
 
     def gather(self, job: str) -> None:
         from .sweep_store import collect
@@ -240,14 +251,19 @@ class SweepRun:
                 if job in self.owner:
                     self.gather(job)
 
-    async def run(self, debug: bool) -> int:
+    async def run(self) -> int:
         follower = None
-        if debug:
+        if self.debug:
             logs = [(self.layout.jobs_dir / f"{name}{suffix}", stream) for name in self.owner
                     for suffix, stream in ((".out", sys.stdout), (".err", sys.stderr))]
             follower = asyncio.create_task(follow_logs(logs))
+        summaries = []
         try:
-            summary = await self.batch.run()
+            for batch in self.batches:
+                self.current = batch
+                summaries.append(await batch.run())
+                if summaries[-1].exit_code:
+                    break  # -d: a failed command ends the combination, as in a shell script
         finally:
             if follower is not None:
                 follower.cancel()
@@ -255,14 +271,16 @@ class SweepRun:
                     await follower
             for job in self.owner:
                 self.gather(job)  # idempotent; catches any end whose line we did not see
-        err_line(summary.describe())
+        for summary in summaries:
+            err_line(summary.describe())
+        failed = {self.owner[name][0] for s in summaries for name in s.failed if name in self.owner}
         combos = {combo for combo, _ in self.owner.values()}
-        failed = {self.owner[name][0] for name in summary.failed if name in self.owner}
         err_line(
             f"sweep: {len(combos) - len(failed)} of {len(combos)} combinations without a failure; "
             f"see ssh-scheduler results {self.layout.results}"
         )
-        return summary.exit_code
+        not_sent = len(self.batches) - len(summaries)
+        return max(s.exit_code for s in summaries) or int(not_sent > 0)
 
 
 def results(

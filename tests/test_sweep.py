@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -300,3 +303,68 @@ def test_no_param_dir_layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert Path("out/a.txt.out").read_text() == "parsed"
     assert Path("out/file_a.txt.run.out").read_text() == "log"
     assert read_json(Path("out/file_a.txt.stat.json")) == {"run": {"code": 0}}
+
+
+# --- the command on this machine (no SSH) --------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+LOCAL = ["--no-gpu-required", "--memory-required", "0", "--num-cpus", "0"]
+SMALL = """\
+template:
+  train: echo "training {lr}"; echo "weights {lr}" > {_output}/w.txt
+  test: cat {_output}/w.txt
+default: {lr: 1}
+---
+lr: [1, 2, 3]
+"""
+
+
+def local_cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO), HOME=str(cwd / "home"))
+    return subprocess.run([sys.executable, "-m", "ssh_scheduler", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_a_placeholder_without_value_stops_before_anything_runs(tmp_path: Path) -> None:
+    (tmp_path / "s.yaml").write_text("template: echo {lr} {momentum}\n---\nlr: [1, 2]\n")
+    result = local_cli(tmp_path, "execute_batch", "--sweep", "s.yaml", "--machines", "missing.yaml")
+    assert result.returncode == 2
+    assert result.stderr == (
+        "error: s.yaml: command 'run' uses {momentum}, which has no value in document 2 "
+        "(add momentum to 'default' or to that document)\n"
+    )
+    assert not (tmp_path / "job_results").exists()
+
+
+def test_dry_run_and_sample_list_without_running(tmp_path: Path) -> None:
+    (tmp_path / "s.yaml").write_text(SMALL)
+    result = local_cli(tmp_path, "sweep", "s.yaml", "--dry-run", "--sample", "2", "--seed", "3")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 5 and lines[-1] == "2 combinations: 4 commands to run, 0 skipped"
+    assert all(line.startswith("would run: lr_") for line in lines[:4])
+    assert local_cli(tmp_path, "sweep", "s.yaml", "--dry-run", "--sample", "2", "--seed", "3").stdout == result.stdout
+    assert not (tmp_path / "job_results").exists()
+
+
+def test_debug_runs_the_first_combination_with_its_output_on_the_console(tmp_path: Path) -> None:
+    (tmp_path / "s.yaml").write_text(SMALL)
+    result = local_cli(tmp_path, "sweep", "s.yaml", "-d", *LOCAL)
+    assert result.returncode == 0, result.stderr
+    assert "training 1\n" in result.stdout and "training 2" not in result.stdout
+    assert sorted(p.name for p in (tmp_path / "job_results").iterdir()) == [".jobs", "lr_1"]
+    assert json.loads((tmp_path / "job_results/lr_1/stat.json").read_text())["train"]["code"] == 0
+
+
+def test_no_param_dir_run_on_this_machine(tmp_path: Path) -> None:
+    (tmp_path / "s.yaml").write_text(
+        "template:\n  run: echo {file} > {_output}/{file}.done\n---\nfile: [a, b]\n"
+    )
+    result = local_cli(tmp_path, "sweep", "s.yaml", "--no-param-dir", "--results-dir", "out", *LOCAL)
+    assert result.returncode == 0, result.stderr
+    out = tmp_path / "out"
+    assert (out / "a.done").read_text() == "a\n" and (out / "b.done").read_text() == "b\n"
+    assert json.loads((out / "file_a.stat.json").read_text())["run"]["code"] == 0
+    assert (out / "file_b.run.out").is_file()
+    table = local_cli(tmp_path, "results", "out", "--tsv")
+    assert table.stdout.splitlines() == ["name\tfile\tstate", "file_a\ta\tdone", "file_b\tb\tdone"]
