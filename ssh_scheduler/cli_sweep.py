@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -181,6 +182,7 @@ def sweep(
             out_line(f"nothing to do: every command of {len(combos)} combinations succeeded before")
             return
         forwards = tuple(copy_forwards or (".",))
+        warn_if_results_travel(layout.results, forwards)
         jobs = build_jobs(runs, layout.copies(forwards, copy_backwards), str(sweep_file))
         hosts = load_machines(machines, exclude=exclude_hosts or ()) if machines else [local_machine()]
         needs, gpus_explicit = flag_needs(
@@ -211,6 +213,26 @@ def sweep(
         err_line("cancelled: running jobs were killed")
         raise typer.Exit(130) from None
     raise typer.Exit(code)
+
+
+def warn_if_results_travel(results: str, forwards: Sequence[str]) -> None:
+    """Every job would receive every earlier result when the results folder lies inside what is
+    sent and is not one of the names never sent (``job_results``...)."""
+    from .transfer import DEFAULT_EXCLUDES
+
+    inside = PurePosixPath(results)
+    for given in forwards:
+        top = PurePosixPath(os.path.normpath(given))
+        if given.startswith("/") or not (str(top) == "." or inside.is_relative_to(top)):
+            continue
+        below = inside.parts if str(top) == "." else inside.relative_to(top).parts
+        if not DEFAULT_EXCLUDES.intersection(below):
+            err_line(
+                f"warning: --results-dir {results} lies inside --copy-forwards {given}: every job "
+                "will be sent the earlier results too (use a results folder named job_results, "
+                "or narrower --copy-forwards)"
+            )
+            return
 
 
 class SweepRun:

@@ -40,7 +40,7 @@ import random
 import re
 import shlex
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import yaml
@@ -357,34 +357,48 @@ def combination_name(values: Mapping[str, Scalar], varying: Sequence[str]) -> st
     return f"{clean[: MAX_NAME_CHARS - 9]}-{_short_hash(shown)}"
 
 
+def _identity(values: Mapping[str, Scalar]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, render_value(v)) for k, v in values.items()))
+
+
+def _union(spec: SweepSpec, documents: Sequence[SweepDocument]) -> list[tuple[dict[str, Scalar], SweepDocument]]:
+    """The documents' cross products in order, each combination once (its first document)."""
+    seen: set[tuple[tuple[str, str], ...]] = set()
+    found = []
+    for document in documents:
+        keys = list(document.params)
+        for choice in itertools.product(*(document.params[k] for k in keys)):
+            values = {**spec.defaults, **dict(zip(keys, choice, strict=True))}
+            identity = _identity(values)
+            if identity not in seen:
+                seen.add(identity)
+                found.append((values, document))
+    return found
+
+
 def expand(spec: SweepSpec, titles: Sequence[str] = ()) -> list[Combination]:
-    """The union of the documents' cross products in file order, duplicates dropped; only the
-    documents titled one of ``titles`` when given.  Names are unique, also ignoring case."""
+    """The union of the documents' cross products in file order, duplicates dropped; with
+    ``titles``, the union of the documents so titled.  Names and indices come from the whole
+    file, so a combination keeps them whatever is selected; names are unique, also ignoring case."""
     known_titles = {d.title for d in spec.documents if d.title is not None}
     for title in titles:
         if title not in known_titles:
             shown = ", ".join(sorted(known_titles)) or "none"
             raise ConfigError(f"{plain_text(spec.path)}: -t {title!r} matches no _title (titles: {shown})")
     varying = _varying(spec)
-    seen: set[tuple[tuple[str, str], ...]] = set()
-    combos: list[Combination] = []
-    for document in spec.documents:
-        keys = list(document.params)
-        for choice in itertools.product(*(document.params[k] for k in keys)):
-            values = {**spec.defaults, **dict(zip(keys, choice, strict=True))}
-            identity = tuple(sorted((k, render_value(v)) for k, v in values.items()))
-            if identity in seen:
-                continue
-            seen.add(identity)
-            name = combination_name(values, varying)
-            combos.append(
-                Combination(name, len(combos) + 1, values, tuple(k for k in varying if k in values),
-                            document.number, document.title, document.needs)
-            )
-    combos = _disambiguate(combos)
-    if titles:
-        combos = [c for c in combos if c.title in titles]
-    return combos
+    combos = _disambiguate([
+        Combination(combination_name(values, varying), index, values,
+                    tuple(k for k in varying if k in values), document.number, document.title, document.needs)
+        for index, (values, document) in enumerate(_union(spec, spec.documents), start=1)
+    ])
+    if not titles:
+        return combos
+    by_identity = {_identity(c.values): c for c in combos}
+    selected = []
+    for values, document in _union(spec, [d for d in spec.documents if d.title in titles]):
+        known = by_identity[_identity(values)]
+        selected.append(replace(known, document=document.number, title=document.title, needs=document.needs))
+    return sorted(selected, key=lambda c: c.index)
 
 
 def _disambiguate(combos: list[Combination]) -> list[Combination]:

@@ -67,9 +67,10 @@ def test_union_of_documents_with_the_duplicate_dropped() -> None:
 def test_title_selects_documents_and_names_stay_the_same() -> None:
     every = {c.values["lr"]: c.name for c in expand(spec())}
     small = expand(spec(), ["small"])
-    # Dedup happens over the whole file first: (0.01, 2) belongs to the untitled document.
-    assert [c.name for c in small] == ["lr_0.001-seed_2"]
-    assert small[0].name == every[0.001]
+    # Every combination of the titled document, with its needs, under its usual name and index.
+    assert [(c.name, c.index) for c in small] == [("lr_0.01-seed_2", 4), ("lr_0.001-seed_2", 5)]
+    assert small[1].name == every[0.001] and small[0].name == every[0.01]
+    assert all(c.needs == NeedsOverride(gpus=2) and c.title == "small" for c in small)
     with pytest.raises(ConfigError, match=r"^sweep.yaml: -t 'big' matches no _title \(titles: small\)$"):
         expand(spec(), ["big"])
 
@@ -351,6 +352,7 @@ def test_debug_runs_the_first_combination_with_its_output_on_the_console(tmp_pat
     (tmp_path / "s.yaml").write_text(SMALL)
     result = local_cli(tmp_path, "sweep", "s.yaml", "-d", *LOCAL)
     assert result.returncode == 0, result.stderr
+    assert "warning" not in result.stderr  # job_results is never sent with "."
     assert "training 1\n" in result.stdout and "training 2" not in result.stdout
     assert sorted(p.name for p in (tmp_path / "job_results").iterdir()) == [".jobs", "lr_1"]
     assert json.loads((tmp_path / "job_results/lr_1/stat.json").read_text())["train"]["code"] == 0
@@ -366,5 +368,6 @@ def test_no_param_dir_run_on_this_machine(tmp_path: Path) -> None:
     assert (out / "a.done").read_text() == "a\n" and (out / "b.done").read_text() == "b\n"
     assert json.loads((out / "file_a.stat.json").read_text())["run"]["code"] == 0
     assert (out / "file_b.run.out").is_file()
+    assert "warning: --results-dir out lies inside --copy-forwards .: every job" in result.stderr
     table = local_cli(tmp_path, "results", "out", "--tsv")
     assert table.stdout.splitlines() == ["name\tfile\tstate", "file_a\ta\tdone", "file_b\tb\tdone"]
