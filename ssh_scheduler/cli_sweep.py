@@ -152,10 +152,11 @@ def sweep(
 ) -> None:
     """Run every combination of a parameter sweep across the machines; results per combination."""
     from .config import load_machines, local_machine
+    from .journal import read_journal
     from .policy import parse_halt
     from .scheduler import BatchOptions
     from .sweep import build_jobs, expand, parse_sweep, sample, select_commands
-    from .sweep_store import Layout, plan_runs, prepare
+    from .sweep_store import Layout, job_stats, plan_runs, prepare, recover
 
     try:
         try:
@@ -170,6 +171,9 @@ def sweep(
         if debug:
             combos = combos[:1]
         chosen = select_commands(spec, commands or ())
+        if not dry_run:
+            for job in recover(layout, combos, [n for n, _ in spec.commands], job_stats(read_journal(layout.jobs_dir))):
+                out_line(f"gathered: {job} (it ended while no sweep was watching)")
         runs, skipped = plan_runs(combos, chosen, layout, force=force or debug)
         for combo, command, _ in skipped:
             out_line(f"skipped: {combo.name}.{command} (succeeded before; -f reruns it)")
@@ -181,6 +185,10 @@ def sweep(
         if not runs:
             out_line(f"nothing to do: every command of {len(combos)} combinations succeeded before")
             return
+        out_line(
+            f"sweep: {len({c.name for c, _, _ in runs})} of {len(combos)} combinations, "
+            f"{len(runs)} commands to run, {len(skipped)} skipped; results in {layout.results}/"
+        )
         forwards = tuple(copy_forwards or (".",))
         warn_if_results_travel(layout.results, forwards)
         jobs = build_jobs(runs, layout.copies(forwards, copy_backwards), str(sweep_file))

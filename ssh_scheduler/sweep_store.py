@@ -115,6 +115,25 @@ def write_json(path: Path, data: Mapping[str, Any]) -> None:
     os.replace(temp, path)
 
 
+def recover(layout: Layout, combos: Sequence[Combination], commands: Sequence[str],
+            stats: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Gather jobs that ended but were never gathered (the coordinator stopped between a job's
+    end and its gathering), so a rerun neither loses nor repeats them.  ``stats`` is
+    :func:`job_stats` of the whole batch journal.  Returns the jobs gathered."""
+    gathered = []
+    for combo in combos:
+        recorded = read_json(layout.file(combo.name, "stat.json"))
+        for command in commands:
+            job = f"{combo.name}.{command}"
+            stat = stats.get(job)
+            if not stat or "code" not in stat or not (layout.jobs_dir / job).is_dir():
+                continue
+            if (recorded.get(command) or {}).get("started") != stat["started"]:
+                collect(layout, combo.name, command, stat, commands)
+                gathered.append(job)
+    return gathered
+
+
 def plan_runs(
     combos: Sequence[Combination],
     commands: Sequence[tuple[str, str]],

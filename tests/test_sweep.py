@@ -24,7 +24,15 @@ from ssh_scheduler.sweep import (
     sample,
     select_commands,
 )
-from ssh_scheduler.sweep_store import Layout, collect, job_stats, plan_runs, prepare, read_json
+from ssh_scheduler.sweep_store import (
+    Layout,
+    collect,
+    job_stats,
+    plan_runs,
+    prepare,
+    read_json,
+    recover,
+)
 
 # The seed runner's format: template, default, then two sweep documents that share (0.01, 2).
 SEED_GRID = """\
@@ -267,6 +275,28 @@ def test_folder_stat_and_rerun_of_only_the_failed_command(tmp_path: Path, monkey
     assert [(c.name, cmd) for c, cmd, _ in plan_runs(combos[:1], changed, layout)[0]] == [
         ("lr_0.1-seed_1", "train"), ("lr_0.1-seed_1", "test"),
     ]
+
+
+def test_a_job_that_ended_unwatched_is_gathered_not_rerun(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    s = spec()
+    combos = expand(s)[:1]
+    commands = select_commands(s, ())
+    layout = Layout.create("job_results")
+    prepare(plan_runs(combos, commands, layout)[0], layout)
+    _finish(layout, "lr_0.1-seed_1", "train", 0, 100.0)
+    # The coordinator stopped after the test's results came home, before gathering them.
+    job = Path("job_results/.jobs/lr_0.1-seed_1.test")
+    (job / "job_results/lr_0.1-seed_1").mkdir(parents=True)
+    (job / "job_results/lr_0.1-seed_1/metrics.json").write_text('{"acc": 1}')
+    _journal(Path("job_results"), {"t": 200.0, "job": job.name, "state": "started", "host": "h3", "gpus": [0]},
+             {"t": 203.0, "job": job.name, "state": "finished", "code": 0})
+    entries = [json.loads(line) for line in Path("job_results/.jobs/.journal.jsonl").read_text().splitlines()]
+    assert recover(layout, combos, ["train", "test"], job_stats(entries)) == ["lr_0.1-seed_1.test"]
+    assert read_json(Path("job_results/lr_0.1-seed_1/stat.json"))["test"]["host"] == "h3"
+    assert read_json(Path("job_results/lr_0.1-seed_1/metrics.json")) == {"acc": 1}
+    assert plan_runs(combos, commands, layout)[0] == []
+    assert recover(layout, combos, ["train", "test"], job_stats(entries)) == []  # once only
 
 
 def test_a_job_cannot_replace_the_sweeps_own_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
