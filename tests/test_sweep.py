@@ -16,6 +16,7 @@ from ssh_scheduler.cli_sweep import sweep_args
 from ssh_scheduler.errors import ConfigError
 from ssh_scheduler.sweep import (
     MAX_NAME_CHARS,
+    Combination,
     build_jobs,
     expand,
     parse_sweep,
@@ -229,14 +230,23 @@ def _finish(layout: Layout, combo: str, command: str, code: int, t0: float) -> N
     collect(layout, combo, command, stats.get(job), ["train", "test"])
 
 
-def test_folder_stat_and_rerun_of_only_the_failed_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+Prepared = tuple[Layout, list[Combination], list[tuple[str, str]]]
+
+
+@pytest.fixture
+def prepared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Prepared:
+    """The seed example's first two combinations, ready to run in ``tmp_path/job_results``."""
     monkeypatch.chdir(tmp_path)
     s = spec()
-    combos = expand(s)[:2]
-    commands = select_commands(s, ())
+    combos, commands = expand(s)[:2], select_commands(s, ())
     layout = Layout.create("job_results")
+    prepare(plan_runs(combos, commands, layout)[0], layout)
+    return layout, combos, commands
+
+
+def test_folder_stat_and_rerun_of_only_the_failed_command(prepared: Prepared) -> None:
+    layout, combos, commands = prepared
     runs, _ = plan_runs(combos, commands, layout)
-    prepare(runs, layout)
     param = read_json(Path("job_results/lr_0.1-seed_1/param.json"))
     assert param["_commands"]["train"] == runs[0][2] and param["lr"] == 0.1 and param["epochs"] == 10
     assert param["_output"] == "job_results/lr_0.1-seed_1" and param["_varying"] == ["lr", "seed"]
@@ -277,13 +287,9 @@ def test_folder_stat_and_rerun_of_only_the_failed_command(tmp_path: Path, monkey
     ]
 
 
-def test_a_job_that_ended_unwatched_is_gathered_not_rerun(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    s = spec()
-    combos = expand(s)[:1]
-    commands = select_commands(s, ())
-    layout = Layout.create("job_results")
-    prepare(plan_runs(combos, commands, layout)[0], layout)
+def test_a_job_that_ended_unwatched_is_gathered_not_rerun(prepared: Prepared) -> None:
+    layout, combos, commands = prepared
+    combos = combos[:1]
     _finish(layout, "lr_0.1-seed_1", "train", 0, 100.0)
     # The coordinator stopped after the test's results came home, before gathering them.
     job = Path("job_results/.jobs/lr_0.1-seed_1.test")
@@ -299,12 +305,8 @@ def test_a_job_that_ended_unwatched_is_gathered_not_rerun(tmp_path: Path, monkey
     assert recover(layout, combos, ["train", "test"], job_stats(entries)) == []  # once only
 
 
-def test_a_job_cannot_replace_the_sweeps_own_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.chdir(tmp_path)
-    s = spec()
-    layout = Layout.create("job_results")
-    runs, _ = plan_runs(expand(s)[:1], select_commands(s, ()), layout)
-    prepare(runs, layout)
+def test_a_job_cannot_replace_the_sweeps_own_files(prepared: Prepared, caplog: pytest.LogCaptureFixture) -> None:
+    layout = prepared[0]
     source = Path("job_results/.jobs/lr_0.1-seed_1.train/job_results/lr_0.1-seed_1")
     source.mkdir(parents=True)
     (source / "param.json").write_text("{}")
