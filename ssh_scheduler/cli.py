@@ -157,7 +157,10 @@ def execute_batch(
     halt: HaltOpt = None,
     keepalive: KeepaliveOpt = None,
 ) -> None:
-    """Run every line of BATCH_FILE as a job, placed where its needs fit."""
+    """Run every line of BATCH_FILE as a job, placed where its needs fit.
+
+    execute_batch --sweep SWEEP.yaml runs a parameter sweep instead (ssh-scheduler sweep --help).
+    """
     from .batch import parse_batch
     from .config import load_machines, local_machine
     from .policy import parse_halt
