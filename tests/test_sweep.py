@@ -403,3 +403,9 @@ def test_no_param_dir_run_on_this_machine(tmp_path: Path) -> None:
     assert "warning: --results-dir out lies inside --copy-forwards .: every job" in result.stderr
     table = local_cli(tmp_path, "results", "out", "--tsv")
     assert table.stdout.splitlines() == ["name\tfile\tstate", "file_a\ta\tdone", "file_b\tb\tdone"]
+
+
+def test_sweep_and_results_are_listed_commands(tmp_path: Path) -> None:
+    listed = local_cli(tmp_path, "--help").stdout
+    assert re.search(r"│ sweep\s+Run every combination", listed)
+    assert re.search(r"│ results\s+One row per combination", listed)
