@@ -13,11 +13,14 @@ import signal
 import sys
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
 from .errors import SchedulerError
+
+if TYPE_CHECKING:
+    from .allocate import Needs
 
 MULTI_VALUE = ("--machines", "--copy-forwards", "--copy-backwards", "--exclude-hosts", "-x")
 T = TypeVar("T")
@@ -88,37 +91,76 @@ MachinesOpt = Annotated[
 ]
 
 
+# The flags execute_batch shares with sweep (cli_sweep.py).
+ExcludeOpt = Annotated[list[str] | None, typer.Option("--exclude-hosts", "-x", help="hosts to leave out")]
+NumCpusOpt = Annotated[float, typer.Option("--num-cpus", help="CPU cores per job")]
+MemoryOpt = Annotated[int, typer.Option("--memory-required", help="RAM per job, MB")]
+ReserveOpt = Annotated[bool, typer.Option("--reserve", help="each job gets a whole machine")]
+NoGpuOpt = Annotated[bool, typer.Option("--no-gpu-required", help="jobs need no GPU")]
+GpusPerJobOpt = Annotated[int | None, typer.Option("--gpus-per-job", help="GPUs per job (default 1 where hosts have GPUs)")]
+GpuMemoryOpt = Annotated[int, typer.Option("--gpu-memory-required", help="GPU memory per job and GPU, MB")]
+GpuUtilizationOpt = Annotated[float, typer.Option("--gpu-utilization", help="fraction of a GPU's compute per job")]
+NoReserveGpuOpt = Annotated[bool, typer.Option("--no-reserve-gpu", help="let jobs share a GPU")]
+AcceptNewOpt = Annotated[bool, typer.Option("--accept-new", help="trust and record unknown host keys")]
+ProbeIntervalOpt = Annotated[float, typer.Option("--probe-interval", help="seconds between re-probes")]
+LeaseOpt = Annotated[float, typer.Option("--lease", help="seconds a host keeps jobs alive without hearing from us")]
+HaltOpt = Annotated[str | None, typer.Option("--halt", help="now,fail=N | soon,fail=N | soon,fail=N%: stop after failures")]
+KeepaliveOpt = Annotated[float | None, typer.Option("--keepalive", help="seconds between SSH keepalives; 3 missed = host lost")]
+
+
+def flag_needs(
+    num_cpus: float, memory_required: int, reserve: bool, no_gpu_required: bool,
+    gpus_per_job: int | None, gpu_memory_required: int, gpu_utilization: float, no_reserve_gpu: bool,
+) -> tuple[Needs, bool]:
+    """The needs flags as one :class:`Needs`, and whether GPUs were asked for explicitly."""
+    from .allocate import Needs
+
+    gpus = 0 if no_gpu_required else (gpus_per_job if gpus_per_job is not None else 1)
+    needs = Needs(
+        cpus=num_cpus,
+        memory_mb=memory_required,
+        gpus=gpus,
+        gpu_memory_mb=gpu_memory_required if gpus else 0,
+        gpu_utilization=gpu_utilization if gpus else 0.0,
+        reserve_machine=reserve,
+        reserve_gpu=not no_reserve_gpu,
+    )
+    return needs, no_gpu_required or gpus_per_job is not None
+
+
 def execute_batch(
     batch_file: Annotated[Path, typer.Argument(help="one shell command per line")],
     machines: MachinesOpt = None,
-    exclude_hosts: Annotated[list[str] | None, typer.Option("--exclude-hosts", "-x", help="hosts to leave out")] = None,
+    exclude_hosts: ExcludeOpt = None,
     commands: Annotated[bool, typer.Option("--commands", help="lines are partial execute_remote commands")] = False,
     copy_forwards: Annotated[list[str] | None, typer.Option("--copy-forwards", help="paths to send (default: .)")] = None,
     copy_backwards: Annotated[list[str] | None, typer.Option("--copy-backwards", help="paths to bring back (default: what the job created or changed)")] = None,
-    num_cpus: Annotated[float, typer.Option("--num-cpus", help="CPU cores per job")] = 1.0,
-    memory_required: Annotated[int, typer.Option("--memory-required", help="RAM per job, MB")] = 1000,
-    reserve: Annotated[bool, typer.Option("--reserve", help="each job gets a whole machine")] = False,
-    no_gpu_required: Annotated[bool, typer.Option("--no-gpu-required", help="jobs need no GPU")] = False,
-    gpus_per_job: Annotated[int | None, typer.Option("--gpus-per-job", help="GPUs per job (default 1 where hosts have GPUs)")] = None,
-    gpu_memory_required: Annotated[int, typer.Option("--gpu-memory-required", help="GPU memory per job and GPU, MB")] = 1000,
-    gpu_utilization: Annotated[float, typer.Option("--gpu-utilization", help="fraction of a GPU's compute per job")] = 0.0,
-    no_reserve_gpu: Annotated[bool, typer.Option("--no-reserve-gpu", help="let jobs share a GPU")] = False,
+    num_cpus: NumCpusOpt = 1.0,
+    memory_required: MemoryOpt = 1000,
+    reserve: ReserveOpt = False,
+    no_gpu_required: NoGpuOpt = False,
+    gpus_per_job: GpusPerJobOpt = None,
+    gpu_memory_required: GpuMemoryOpt = 1000,
+    gpu_utilization: GpuUtilizationOpt = 0.0,
+    no_reserve_gpu: NoReserveGpuOpt = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the placement plan, run nothing")] = False,
-    accept_new: Annotated[bool, typer.Option("--accept-new", help="trust and record unknown host keys")] = False,
+    accept_new: AcceptNewOpt = False,
     results_dir: Annotated[Path, typer.Option("--results-dir")] = Path("job_results"),
-    probe_interval: Annotated[float, typer.Option("--probe-interval", help="seconds between re-probes")] = 15.0,
-    lease: Annotated[float, typer.Option("--lease", help="seconds a host keeps jobs alive without hearing from us")] = 60.0,
+    probe_interval: ProbeIntervalOpt = 15.0,
+    lease: LeaseOpt = 60.0,
     max_result_bytes: Annotated[int, typer.Option("--max-result-bytes")] = 10 * 1024**3,
     max_result_files: Annotated[int, typer.Option("--max-result-files")] = 100_000,
     retries: Annotated[int, typer.Option("--retries", help="run a failed job again up to N times, on another host if possible")] = 0,
     retry_failed: Annotated[bool, typer.Option("--retry-failed", help="rerun jobs an earlier run recorded as failed (their results move to job_results/.failed/)")] = False,
     allow_changed: Annotated[bool, typer.Option("--allow-changed", help="run jobs whose command changed since the journal recorded them")] = False,
     timeout: Annotated[float | None, typer.Option("--timeout", help="seconds a job may run before its processes are killed")] = None,
-    halt: Annotated[str | None, typer.Option("--halt", help="now,fail=N | soon,fail=N | soon,fail=N%: stop after failures")] = None,
-    keepalive: Annotated[float | None, typer.Option("--keepalive", help="seconds between SSH keepalives; 3 missed = host lost")] = None,
+    halt: HaltOpt = None,
+    keepalive: KeepaliveOpt = None,
 ) -> None:
-    """Run every line of BATCH_FILE as a job, placed where its needs fit."""
-    from .allocate import Needs
+    """Run every line of BATCH_FILE as a job, placed where its needs fit.
+
+    execute_batch --sweep SWEEP.yaml runs a parameter sweep instead (ssh-scheduler sweep --help).
+    """
     from .batch import parse_batch
     from .config import load_machines, local_machine
     from .policy import parse_halt
@@ -132,19 +174,13 @@ def execute_batch(
             raise SchedulerError(f"cannot read batch file {batch_file}: {exc.strerror}") from None
         jobs = parse_batch(data, str(batch_file), commands_mode=commands)
         hosts = load_machines(machines, exclude=exclude_hosts or ()) if machines else [local_machine()]
-        gpus = 0 if no_gpu_required else (gpus_per_job if gpus_per_job is not None else 1)
-        needs = Needs(
-            cpus=num_cpus,
-            memory_mb=memory_required,
-            gpus=gpus,
-            gpu_memory_mb=gpu_memory_required if gpus else 0,
-            gpu_utilization=gpu_utilization if gpus else 0.0,
-            reserve_machine=reserve,
-            reserve_gpu=not no_reserve_gpu,
+        needs, gpus_explicit = flag_needs(
+            num_cpus, memory_required, reserve, no_gpu_required, gpus_per_job,
+            gpu_memory_required, gpu_utilization, no_reserve_gpu,
         )
         options = BatchOptions(
             needs=needs,
-            gpus_explicit=no_gpu_required or gpus_per_job is not None,
+            gpus_explicit=gpus_explicit,
             copy_forwards=tuple(copy_forwards or (".",)),
             copy_backwards=tuple(copy_backwards) if copy_backwards else None,
             results_dir=results_dir,
@@ -244,14 +280,30 @@ COMMANDS: dict[str, Callable[..., None]] = {
 }
 
 
+LAZY_COMMANDS = ("execute_to", "sweep", "results")
+
+
 def command(name: str) -> Callable[..., None]:
-    """The typer function of a command; execute_to's module loads only when it is wanted (start-up
-    time is part of every run)."""
+    """The typer function of a command; execute_to's and the sweep's modules load only when they
+    are wanted (start-up time is part of every run)."""
     if name == "execute_to":
         from .cli_fleet import execute_to_command
 
         return execute_to_command
+    if name in ("sweep", "results"):
+        from .cli_sweep import COMMANDS as SWEEP_COMMANDS
+
+        return SWEEP_COMMANDS[name]
     return COMMANDS[name]
+
+
+def route(name: str, args: list[str]) -> tuple[str, list[str]]:
+    """``execute_batch --sweep FILE ...`` is ``sweep FILE ...``."""
+    if name == "execute_batch" and any(a == "--sweep" or a.startswith("--sweep=") for a in args):
+        from .cli_sweep import sweep_args
+
+        return "sweep", sweep_args(args)
+    return name, args
 
 
 def run_app(app: typer.Typer, args: Sequence[str], prog_name: str) -> None:
@@ -278,8 +330,9 @@ def quiet_on_broken_pipe() -> Iterator[None]:
 def single(name: str) -> Callable[[], None]:
     def entry() -> None:
         app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-        app.command(name=name)(command(name))
-        run_app(app, sys.argv[1:], name)
+        wanted, args = route(name, sys.argv[1:])
+        app.command(name=name)(command(wanted))
+        run_app(app, args, name)
 
     return entry
 
@@ -293,11 +346,12 @@ execute_to_main = single("execute_to")
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     wanted = args[0].replace("-", "_") if args else ""
-    if wanted in (*COMMANDS, "execute_to"):
+    if wanted in (*COMMANDS, *LAZY_COMMANDS):
         # Build only the command asked for: the others' modules need not load (start-up time).
         app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-        app.command(name=wanted)(command(wanted))
-        run_app(app, args[1:], f"ssh-scheduler {args[0]}")
+        target, rest = route(wanted, args[1:])
+        app.command(name=wanted)(command(target))
+        run_app(app, rest, f"ssh-scheduler {args[0]}")
         return
     app = typer.Typer(
         add_completion=False,
@@ -305,8 +359,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="Run batches of shell commands across many machines and GPUs over plain SSH.",
         no_args_is_help=True,
     )
-    for name in (*COMMANDS, "execute_to"):
+    for name in (*COMMANDS, *LAZY_COMMANDS):
         func = command(name)
         app.command(name=name)(func)
-        app.command(name=name.replace("_", "-"), hidden=True)(func)
+        if "_" in name:
+            app.command(name=name.replace("_", "-"), hidden=True)(func)
     run_app(app, args, "ssh-scheduler")
