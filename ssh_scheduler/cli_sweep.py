@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import json
 import os
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path, PurePosixPath
@@ -43,6 +42,7 @@ from .cli import (
     run_async,
 )
 from .errors import SchedulerError
+from .events import Event, JobFailed, JobFinished
 
 if TYPE_CHECKING:
     from .batch import Job
@@ -50,8 +50,6 @@ if TYPE_CHECKING:
     from .scheduler import BatchOptions
     from .sweep_store import Layout
 
-PREFIXES = ("finished: ", "failed: ")
-FOLLOW_INTERVAL = 0.2
 
 
 def sweep_args(args: Sequence[str]) -> list[str]:
@@ -95,28 +93,6 @@ class JournalFollower:
                 with contextlib.suppress(ValueError):
                     entries.append(json.loads(line))
         return job_stats(entries, self.by_job)
-
-
-async def follow_logs(files: Sequence[tuple[Path, Any]]) -> None:
-    """-d: copy the jobs' output files to the console as they grow, until cancelled."""
-    offsets = dict.fromkeys((p for p, _ in files), 0)
-
-    def copy() -> None:
-        for path, stream in files:
-            with contextlib.suppress(FileNotFoundError), open(path, "rb") as f:
-                f.seek(offsets[path])
-                data = f.read()
-                offsets[path] += len(data)
-                if data:
-                    stream.buffer.write(data)
-                    stream.flush()
-
-    try:
-        while True:
-            copy()
-            await asyncio.sleep(FOLLOW_INTERVAL)
-    finally:
-        copy()
 
 
 def sweep(
@@ -253,6 +229,7 @@ class SweepRun:
 
     def __init__(self, jobs: Sequence[Job], hosts: Sequence[Machine], options: BatchOptions,
                  layout: Layout, commands: Sequence[str], debug: bool = False) -> None:
+        from .events import EventBus
         from .scheduler import Batch
 
         self.layout = layout
@@ -261,7 +238,13 @@ class SweepRun:
         self.journal = JournalFollower(layout.jobs_dir / ".journal.jsonl")
         self.debug = debug
         stages = [[replace(job, after=())] for job in jobs] if debug else [list(jobs)]
-        self.batches = [Batch(stage, hosts, options, out=self.on_line, err=err_line) for stage in stages]
+        if debug:  # the seed runner's debug mode: the job's output on the console as it comes
+            options = replace(options, echo_output=True)
+        self.batches = []
+        for stage in stages:
+            bus = EventBus()
+            bus.subscribe(self.on_event)  # after the journal (it subscribes first), before nothing else
+            self.batches.append(Batch(stage, hosts, options, out=out_line, err=err_line, bus=bus))
         self.current = self.batches[0]
 
     def request_stop(self) -> None:
@@ -273,20 +256,13 @@ class SweepRun:
         combo, command = self.owner[job]
         collect(self.layout, combo, command, self.journal.stats().get(job), self.commands)
 
-    def on_line(self, line: str) -> None:
-        out_line(line)
-        for prefix in PREFIXES:
-            if line.startswith(prefix):
-                job = line[len(prefix) :].split(";", 1)[0]
-                if job in self.owner:
-                    self.gather(job)
+    def on_event(self, event: Event) -> None:
+        """A job's end is final (its results home, its journal line written): gather it into its
+        combination's folder before the combination's next command is sent."""
+        if isinstance(event, JobFinished | JobFailed) and event.job in self.owner:
+            self.gather(event.job)
 
     async def run(self) -> int:
-        follower = None
-        if self.debug:
-            logs = [(self.layout.jobs_dir / f"{name}{suffix}", stream) for name in self.owner
-                    for suffix, stream in ((".out", sys.stdout), (".err", sys.stderr))]
-            follower = asyncio.create_task(follow_logs(logs))
         summaries = []
         try:
             for batch in self.batches:
@@ -295,10 +271,6 @@ class SweepRun:
                 if summaries[-1].exit_code:
                     break  # -d: a failed command ends the combination, as in a shell script
         finally:
-            if follower is not None:
-                follower.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await follower
             for job in self.owner:
                 self.gather(job)  # idempotent; catches any end whose line we did not see
         for summary in summaries:

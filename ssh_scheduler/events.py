@@ -292,8 +292,13 @@ class EventBus:
     def __init__(self) -> None:
         self._subscribers: list[Subscriber] = []
 
-    def subscribe(self, subscriber: Subscriber) -> None:
-        self._subscribers.append(subscriber)
+    def subscribe(self, subscriber: Subscriber, *, first: bool = False) -> None:
+        """``first``: before every earlier subscriber (the journal: an event is on disk before
+        anyone acts on it)."""
+        if first:
+            self._subscribers.insert(0, subscriber)
+        else:
+            self._subscribers.append(subscriber)
 
     def unsubscribe(self, subscriber: Subscriber) -> None:
         self._subscribers.remove(subscriber)

@@ -97,6 +97,8 @@ class BatchOptions:
     timeout: float | None = None
     halt: HaltPolicy = HaltPolicy()
     quarantine_after: int = 3
+    echo_output: bool = False
+    """Also copy every job's output to this process's stdout/stderr as it arrives."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,7 +300,7 @@ class Batch:
             options.results_dir.mkdir(parents=True, exist_ok=True)
             with Journal.open(options.results_dir) as journal:
                 writer = JournalWriter(journal)
-                self.bus.subscribe(writer)
+                self.bus.subscribe(writer, first=True)
                 try:
                     await self._drive(actions)
                 finally:
@@ -543,7 +545,9 @@ class Batch:
             job.copy_backwards if job.copy_backwards is not None else options.copy_backwards,
             options.limits,
         )
-        output = OutputFiles(options.results_dir, name, append=start.resume)
+        output = OutputFiles(
+            options.results_dir, name, append=start.resume, mirror={1: [1], 2: [2]} if options.echo_output else {}
+        )
         run = self._runs[name] = JobRun(executor, spec, output)
         try:
             try:

@@ -11,8 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.cluster import Cluster
 from tests.test_sweep import SEED_GRID
 
@@ -136,7 +134,6 @@ def test_rerun_after_one_failure_reruns_only_that_command(cluster4: Cluster, tmp
     assert sorted(started_jobs(third.stdout)) == ["lr_0.001-seed_2.train", "lr_0.01-seed_2.train"]
 
 
-@pytest.mark.xfail(reason="needs the planner's --after support", strict=True)
 def test_each_combination_runs_its_commands_in_order(cluster4: Cluster, tmp_path: Path) -> None:
     # Room for every job at once: only `after` can keep a test from starting with its train.
     (tmp_path / "sweep.yaml").write_text(SWEEP.replace(
@@ -153,7 +150,6 @@ def test_each_combination_runs_its_commands_in_order(cluster4: Cluster, tmp_path
         assert (folder / "test.out").read_text() == (folder / "model.txt").read_text()
 
 
-@pytest.mark.xfail(reason="needs the planner's per-job needs", strict=True)
 def test_a_documents_needs_apply_to_its_jobs(cluster4: Cluster, tmp_path: Path) -> None:
     (tmp_path / "sweep.yaml").write_text(SWEEP + "gpus_per_job: 2\n")  # the "small" document
     result = sweep(cluster4, tmp_path)
