@@ -21,14 +21,29 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from enum import Enum
+from dataclasses import replace
 
+from .actions import (
+    FINAL_PHASES,
+    Action,
+    Cleanup,
+    Commit,
+    Discard,
+    HostSlot,
+    JobPhase,
+    JobSlot,
+    KillJob,
+    PlanOptions,
+    Reprobe,
+    Revive,
+    Say,
+    StartJob,
+    StopBatch,
+)
 from .allocate import (
     MachineResources,
     Needs,
     OwnUsage,
-    Placement,
     choose,
     explain_unfit,
     max_concurrent,
@@ -39,7 +54,6 @@ from .events import (
     TIMED_OUT,
     BatchStarted,
     Ended,
-    Event,
     HostBack,
     HostDown,
     HostQuarantined,
@@ -57,7 +71,7 @@ from .events import (
     Stopping,
     Waiting,
 )
-from .policy import HaltPolicy, Resumable
+from .policy import Resumable
 from .probe import HostState
 
 __all__ = [
@@ -77,134 +91,6 @@ __all__ = [
 ]
 
 
-# -- actions ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class StartJob:
-    """Run ``job`` with ``placement`` (host and GPUs); ``resume``: take up the run a host kept
-    going for an earlier coordinator instead of starting it."""
-
-    job: Job
-    placement: Placement
-    attempt: int = 1
-    resume: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class KillJob:
-    """Kill the job's whole process tree.  ``reason``: ``timeout`` (the attempt then ends as
-    timed out and its results are committed), ``halt`` or ``stop`` (the attempt is cancelled)."""
-
-    job: str
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Commit:
-    """Bring the ended attempt's results home; report with :meth:`Planner.job_committed`."""
-
-    job: str
-
-
-@dataclass(frozen=True, slots=True)
-class Discard:
-    """Remove the ended attempt's folder on its host without bringing anything home."""
-
-    job: str
-    host: str
-
-
-@dataclass(frozen=True, slots=True)
-class Reprobe:
-    """Probe ``host`` again soon (``None``: every host), coalesced by the coordinator."""
-
-    host: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Revive:
-    """Reconnect to a lost host with backoff; report with :meth:`Planner.host_back`."""
-
-    host: str
-
-
-@dataclass(frozen=True, slots=True)
-class Cleanup:
-    """End and remove what ``host``'s agent still holds for ``job`` (not ours to run there)."""
-
-    host: str
-    job: str
-
-
-@dataclass(frozen=True, slots=True)
-class StopBatch:
-    """The second stop: cancel everything now (the coordinator exits with 130)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Say:
-    event: Event
-
-
-Action = StartJob | KillJob | Commit | Discard | Reprobe | Revive | Cleanup | StopBatch | Say
-
-
-# -- state -----------------------------------------------------------------------------------------
-
-
-class JobPhase(Enum):
-    BLOCKED = "blocked"  # waits for jobs in ``after``
-    QUEUED = "queued"
-    RUNNING = "running"  # placed: staging, running or bringing results home
-    FINISHED = "finished"
-    FAILED = "failed"
-    NOT_RUN = "not_run"
-    CANCELLED = "cancelled"
-
-
-_FINAL = frozenset({JobPhase.FINISHED, JobPhase.FAILED, JobPhase.NOT_RUN, JobPhase.CANCELLED})
-
-
-@dataclass(frozen=True, slots=True)
-class PlanOptions:
-    needs: Needs = Needs()
-    gpus_explicit: bool = False
-    """False: the default of one GPU per job quietly becomes none when no host has a GPU."""
-    retries: int = 0
-    timeout: float | None = None
-    halt: HaltPolicy = HaltPolicy()
-    quarantine_after: int = 3
-
-
-@dataclass(slots=True)
-class _Host:
-    name: str
-    label: str  # how the header names it (the machine file, as the ancestor printed)
-    resources: MachineResources | None = None
-    down: str | None = None
-    failures: int = 0  # outages in a row
-    quarantined: bool = False
-    reviving: bool = False
-
-    @property
-    def usable(self) -> bool:
-        return self.down is None and self.resources is not None and not self.quarantined
-
-
-@dataclass(slots=True)
-class _Job:
-    job: Job
-    needs: Needs = Needs()
-    phase: JobPhase = JobPhase.QUEUED
-    attempt: int = 1
-    failed_on: list[str] = field(default_factory=list)
-    placement: Placement | None = None
-    started_at: float | None = None
-    killing: str | None = None
-    waiting_on: int = 0
-
-
 class Planner:
     """One batch's decisions.  Feed it events (method calls), perform what they return."""
 
@@ -212,16 +98,16 @@ class Planner:
         self,
         jobs: Sequence[Job],
         hosts: Sequence[tuple[str, str]],
-        options: PlanOptions = PlanOptions(),
+        options: PlanOptions | None = None,
         *,
         resumable: Mapping[str, Resumable] | None = None,
         already_done: Mapping[str, bool] | None = None,
     ) -> None:
         """``hosts``: (name, label) pairs.  ``already_done``: jobs of the batch file that are not
         run now because results exist, with whether they succeeded (for ``after``)."""
-        self.options = options
-        self.hosts = {name: _Host(name, label) for name, label in hosts}
-        self.jobs: dict[str, _Job] = {job.name: _Job(job) for job in jobs}
+        self.options = options = options or PlanOptions()
+        self.hosts = {name: HostSlot(name, label) for name, label in hosts}
+        self.jobs: dict[str, JobSlot] = {job.name: JobSlot(job) for job in jobs}
         self.resumable = dict(resumable or {})
         self.draining = False
         self.halted = False
@@ -368,7 +254,7 @@ class Planner:
         machines = [h.resources for h in self.hosts.values() if h.usable and h.resources is not None]
         lines: list[PlanLine] = []
         for slot in self.jobs.values():
-            if slot.phase in _FINAL:
+            if slot.phase in FINAL_PHASES:
                 continue
             while True:
                 target = choose(machines, slot.needs)
@@ -572,14 +458,14 @@ class Planner:
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _enqueue(self, slot: _Job, front: bool = False) -> None:
+    def _enqueue(self, slot: JobSlot, front: bool = False) -> None:
         queue = self._queues.setdefault(slot.needs, deque())
         if front:
             queue.appendleft(slot.job.name)
         else:
             queue.append(slot.job.name)
 
-    def _dequeue(self, slot: _Job) -> None:
+    def _dequeue(self, slot: JobSlot) -> None:
         queue = self._queues.get(slot.needs)
         if queue is not None and slot.job.name in queue:
             queue.remove(slot.job.name)
@@ -625,7 +511,7 @@ class Planner:
             actions.append(Say(Waiting(job=head, reason=reason)))
         return actions
 
-    def _retry(self, slot: _Job) -> bool:
+    def _retry(self, slot: JobSlot) -> bool:
         """--retries: a failed job runs again, preferably on a host where it has not failed."""
         assert slot.placement is not None
         slot.failed_on.append(slot.placement.machine)
@@ -636,14 +522,14 @@ class Planner:
         self._enqueue(slot, front=True)
         return True
 
-    def _requeue(self, slot: _Job, reason: str) -> list[Action]:
+    def _requeue(self, slot: JobSlot, reason: str) -> list[Action]:
         assert slot.placement is not None
         host = slot.placement.machine
         slot.phase = JobPhase.QUEUED
         self._enqueue(slot, front=True)
         return [Say(JobRequeued(job=slot.job.name, host=host, reason=reason))]
 
-    def _host_failed(self, host: _Host, reason: str) -> list[Action]:
+    def _host_failed(self, host: HostSlot, reason: str) -> list[Action]:
         actions: list[Action] = []
         if host.down is None:
             # One outage counts once, however many of our jobs it took down with it.
@@ -655,7 +541,7 @@ class Planner:
             actions.append(Say(HostQuarantined(host=host.name, failures=host.failures)))
         return actions + self._revive(host)
 
-    def _revive(self, host: _Host) -> list[Action]:
+    def _revive(self, host: HostSlot) -> list[Action]:
         if host.quarantined or host.reviving:
             return []
         host.reviving = True

@@ -12,7 +12,7 @@ import pytest
 import ssh_scheduler
 
 PACKAGE = Path(ssh_scheduler.__file__).parent
-PURE = ("allocate", "batch", "combine", "config", "events", "hostlist", "journal", "plan", "policy", "probe", "terminal")
+PURE = ("actions", "allocate", "batch", "combine", "config", "events", "hostlist", "journal", "plan", "policy", "probe", "terminal")
 
 
 @pytest.mark.parametrize("module", PURE)
