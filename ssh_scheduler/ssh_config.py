@@ -100,6 +100,8 @@ class SshLine:
     number: int
     includes: tuple[ConfigFile, ...] = ()
     """For ``Include``: the files it named, parsed, in glob order."""
+    spelled: str = ""
+    """The keyword as written, for messages."""
 
     @property
     def where(self) -> str:
@@ -223,7 +225,7 @@ def parse_config_text(
                 for pattern in _include_patterns(args, user_config, home, where)
                 for sub_source, sub_text in read_include(pattern, source)
             )
-        lines.append(SshLine(lowered, tuple(args), rest, source, number, includes))
+        lines.append(SshLine(lowered, tuple(args), rest, source, number, includes, keyword))
     return ConfigFile(source, tuple(lines), user_config)
 
 
@@ -473,7 +475,7 @@ def _apply(line: SshLine, state: _State, active: bool) -> None:
         if ignored is not None and match_pattern_list(keyword, ignored, True) == 1:
             return
         raise _refuse(
-            line, f"unknown keyword {show_value(line.keyword)} (ssh refuses it too; fix the "
+            line, f"unknown keyword {show_value(line.spelled)} (ssh refuses it too; fix the "
             "spelling, or list it in IgnoreUnknown)"
         )
     _check_values(line, keyword)

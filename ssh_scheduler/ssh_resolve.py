@@ -117,6 +117,8 @@ def resolve_host(
 
     raw_files: list[str] = []
     paths: list[str] = []
+    if ev.identity_files:
+        where["identityfile"] = ev.identity_files[0].where
     for line in ev.identity_files:
         if line.args[0] in raw_files:
             continue

@@ -38,24 +38,32 @@ class Reference:
         return done.returncode, values, done.stderr
 
 
-def make_reference(root: Path, user: str = "localuser") -> Reference:
-    """A passwd entry ``user`` (our uid, so ssh's permission checks pass) with home ``root/home``."""
-    home = root / "home"
-    (home / ".ssh").mkdir(parents=True, exist_ok=True)
-    passwd = root / "passwd"
-    group = root / "group"
+def account_env(root: Path, home: Path, user: str) -> dict[str, str]:
+    """Environment that makes a process see a passwd entry ``user`` with our uid (so ssh's
+    permission checks pass) and home ``home``, through nss_wrapper; also sets ``$HOME``."""
+    passwd = root / "nss_passwd"
+    group = root / "nss_group"
     uid, gid = os.getuid(), os.getgid()
     passwd.write_text(f"{user}:x:{uid}:{gid}:Test User:{home}:/bin/sh\n")
     group.write_text(f"{user}:x:{gid}:\n")
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+    return {
         "LD_PRELOAD": NSS_WRAPPER,
         "NSS_WRAPPER_PASSWD": str(passwd),
         "NSS_WRAPPER_GROUP": str(group),
         "HOME": str(home),
+    }
+
+
+def make_reference(root: Path, user: str = "localuser") -> Reference:
+    """``ssh -G`` as ``user`` with home ``root/home``; ``$USER``/``$LOGNAME`` lie on purpose."""
+    home = root / "home"
+    (home / ".ssh").mkdir(parents=True, exist_ok=True)
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "USER": "somebody-else",
         "LOGNAME": "somebody-else",
         "LANG": "C",
+        **account_env(root, home, user),
     }
-    account = LocalAccount(user, str(home), uid, socket.gethostname())
+    account = LocalAccount(user, str(home), os.getuid(), socket.gethostname())
     return Reference(account, env)
