@@ -138,6 +138,16 @@ def resolve_host(
             )
 
     hops, jump_line = jump_hops(ev)
+    if hops and (hops[-1].host, hops[-1].port or DEFAULT_SSH_PORT, hops[-1].user or user) == (
+        host,
+        port,
+        user,
+    ):
+        assert jump_line is not None
+        raise ConfigError(
+            f"{jump_line.where}: ProxyJump loop via {hops[-1].text} (the jump host is the host "
+            "itself; ssh refuses this too)"
+        )
     proxy_jump = _jump_text(ev.jump[0], hops[-1]) if ev.jump is not None and hops else None
     if jump_line is not None:
         where["proxyjump"] = jump_line.where

@@ -53,7 +53,7 @@ def tilde_expand(path: str, account: LocalAccount) -> str:
     if not path.startswith("~"):
         return path
     name, slash, rest = path[1:].partition("/")
-    if not name:
+    if not name or name == account.user:
         home = account.home
     else:
         try:
@@ -198,7 +198,7 @@ def _host_and_port(text: str) -> tuple[str, int | None]:
         host, rest = (text, None) if cut == -1 else (text[:cut], text[cut + 1 :])
     if not host:
         raise ValueError("no host")
-    if rest is None:
+    if not rest:  # "jump:" is the host without a port, as in ssh
         return host, None
     port = a2port(rest)
     if port <= 0:
