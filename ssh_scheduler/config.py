@@ -300,7 +300,7 @@ _IPV6_BRACKETS = re.compile(r"\[[^\]]*:[^\]]*\]")
 
 def _expand_spec(spec: str) -> list[str]:
     """Expand a host range in a spec, unless it is an existing file or an ``[IPv6]`` literal."""
-    if ("[" not in spec and "," not in spec) or _IPV6_BRACKETS.search(spec):
+    if not any(ch in spec for ch in "[" + hostlist.OPERATORS) or _IPV6_BRACKETS.search(spec):
         return [spec]
     try:
         if Path(os.path.expanduser(spec)).is_file():
