@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ssh_scheduler.errors import ConfigError, show_value
-from ssh_scheduler.ssh_config import ConfigFile, Evaluated, SshLine, evaluate, jump_hops
+from ssh_scheduler.ssh_config import ConfigFile, SshLine
+from ssh_scheduler.ssh_evaluate import Evaluated, evaluate, jump_hops
 from ssh_scheduler.ssh_tokens import (
     JumpHop,
     LocalAccount,
