@@ -82,7 +82,9 @@ def compare(ref: Reference, config: Path, host: str, system: bool = False) -> st
 HOSTS = ["gpu1", "GPU1", "gpu10", "web.lan", "db-2", "10.0.0.5", "Box", "login"]
 PATTERNS = ["gpu*", "gpu1", "GPU1", "!gpu10", "*.lan", "*", "db-?", "10.0.0.*", "box", "Box", "g*1"]
 VALUES = {
-    "HostName": ["10.0.0.1", "%h.lan", "Node-%h", "x%%y", "MiXeD.Example", "%h", "FE80::1"],
+    "HostName": [
+        "10.0.0.1", "%h.lan", "Node-%h", "x%%y", "MiXeD.Example", "%h", "FE80::1", '"q.%h"',
+    ],
     "User": ["ben", "alice", "ben@corp.example.com", "%u", "'quoted user'"],
     "Port": ["2200", "ssh", "22", "+2201", "http", "022"],
     "IdentityFile": [
@@ -116,6 +118,11 @@ HEADERS = [
     "Match user ben,alice", "Match localuser localuser", "Match all", "Match !originalhost {p}",
     "Match originalhost {p} user {u}", "Host={p}", "Match originalhost {p},!gpu10",
     "Match host {p} exec false",
+    'Match originalhost "{p}"',
+    'Host "{p}" {p}',
+    "Match !all",
+    "Match user {u} originalhost {p} # why",
+    "Host {p} # comment",
 ]
 SPELLINGS = ["{k} {v}", "{k}={v}", "{k} = {v}", "  {kl} {v}", "\t{k}\t{v}  ", "{k} {v} # note"]
 
