@@ -126,7 +126,8 @@ def _machine_from_ssh(
     at = _plain(source)
     host, why = normalize_host(resolved.hostname)
     if host is None:
-        raise ConfigError(f"{at}: HostName: {why} (fix it in the ssh config or the spec)")
+        where = resolved.where.get("hostname", at)
+        raise ConfigError(f"{where}: HostName: {why} (fix it in the ssh config or the spec)")
     problem = check_user(resolved.user)
     if problem:
         where = resolved.where.get("user", at)
@@ -138,7 +139,9 @@ def _machine_from_ssh(
         )
     jump_host = None
     if resolved.jump_hops:
-        jump_host = _resolve_jump(resolved.jump_hops, configs, (*chain, _address(resolved)), at)
+        chain = (*chain, _address(resolved))
+        where = resolved.where.get("proxyjump", at)
+        jump_host = _resolve_jump(resolved.jump_hops, configs, chain, at, where)
     timeout = resolved.connect_timeout
     return Machine(
         name=name,
@@ -161,7 +164,7 @@ def _address(resolved: SshHost) -> str:
 
 
 def _resolve_jump(
-    hops: Sequence[JumpHop], configs: SshConfigs, chain: tuple[str, ...], at: str
+    hops: Sequence[JumpHop], configs: SshConfigs, chain: tuple[str, ...], at: str, where: str
 ) -> Machine:
     """The last hop, resolved as ``ssh -l user -p port -J <earlier hops> host`` would be."""
     last = hops[-1]
@@ -171,7 +174,7 @@ def _resolve_jump(
     if address in chain or len(chain) > MAX_JUMP_DEPTH:
         path = " -> ".join((*chain, address))
         raise ConfigError(
-            f"{at}: ProxyJump loops ({path}); ssh would loop too (exclude the jump host from "
+            f"{where}: ProxyJump loops ({path}); ssh would loop too (exclude the jump host from "
             "the block that sets ProxyJump, e.g. 'Host * !bastion')"
         )
     return _machine_from_ssh(
@@ -291,7 +294,8 @@ def _complete_yaml_machine(machine: Machine, configs: SshConfigs) -> Machine:
         except ValueError as err:
             raise ConfigError(f"{_plain(machine.source)}: proxy_jump: {err}") from None
         if hops:
-            jump_host = _resolve_jump(hops, configs, (), _plain(machine.source))
+            at = _plain(machine.source)
+            jump_host = _resolve_jump(hops, configs, (), at, at)
     return dataclasses.replace(machine, user=user, jump_host=jump_host)
 
 

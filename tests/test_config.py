@@ -540,7 +540,7 @@ def test_values_ssh_accepts(tmp_path: Path, _home: Path, monkeypatch: pytest.Mon
         ("Host b\n  HostKeyAlias other\n", ["line 2", "HostKeyAlias is not supported"]),
         ("Host b\n  IdentityFile none\n", ["line 2", "none of the IdentityFile keys exist"]),
         ("Host b\n  User '-oops'\n", ["line 2", "'-oops'"]),
-        ("Host b\n  HostName 'bad host'\n", ["Host b", "'bad host'"]),
+        ("Host b\n  HostName 'bad host'\n", ["line 2", "'bad host'"]),
         ("Host b\n  ForwardAgent /tmp/sock\n", ["line 2", "ForwardAgent"]),
     ],
 )
