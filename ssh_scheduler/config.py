@@ -73,8 +73,12 @@ class SshConfigs:
     """The ssh config files, read on first use only: ``ssh_config`` alone when given (like
     ``ssh -F``), else ``~/.ssh/config`` then the system config."""
 
-    def __init__(self, ssh_config: Path | None = None, account: LocalAccount | None = None,
-                 system_config: Path | None = None) -> None:
+    def __init__(
+        self,
+        ssh_config: Path | None = None,
+        account: LocalAccount | None = None,
+        system_config: Path | None = None,
+    ) -> None:
         self.account = account if account is not None else current_account()
         self._explicit = ssh_config
         default_system = ssh_config_files.SYSTEM_SSH_CONFIG
@@ -100,8 +104,14 @@ class SshConfigs:
             self._files = [f for f in found if f is not None]
         return self._files
 
-    def resolve(self, host: str, *, user: str | None = None, port: int | None = None,
-                jump: str | None = None) -> SshHost:
+    def resolve(
+        self,
+        host: str,
+        *,
+        user: str | None = None,
+        port: int | None = None,
+        jump: str | None = None,
+    ) -> SshHost:
         return resolve_host(
             host, self.files(), self.account, preset_user=user, preset_port=port, preset_jump=jump
         )
@@ -219,7 +229,6 @@ def _parse_user_at_host(spec: str) -> tuple[str, str, int | None]:
             )
         port = int(port_text)
     return user, host, port
-
 
 
 def _default_search_dirs() -> list[Path]:

@@ -129,8 +129,10 @@ def _argv_split(text: str) -> list[str] | None:
         word: list[str] = []
         while i < n:
             ch = text[i]
-            if ch == "\\" and i + 1 < n and (
-                text[i + 1] in "'\"\\" or (not quote and text[i + 1] == " ")
+            if (
+                ch == "\\"
+                and i + 1 < n
+                and (text[i + 1] in "'\"\\" or (not quote and text[i + 1] == " "))
             ):
                 word.append(text[i + 1])
                 i += 2
@@ -175,12 +177,12 @@ def parse_config_text(
         where = f"{plain_text(source)} line {number}"
         first = strdelim(line)
         if first is None:
-            raise ConfigError(f"{where}: unbalanced \" quote (close it)")
+            raise ConfigError(f'{where}: unbalanced " quote (close it)')
         keyword, rest = first
         if not keyword:
             nxt = strdelim(rest)
             if nxt is None:
-                raise ConfigError(f"{where}: unbalanced \" quote (close it)")
+                raise ConfigError(f'{where}: unbalanced " quote (close it)')
             keyword, rest = nxt
         if not keyword or keyword.startswith("#"):
             continue
@@ -253,7 +255,9 @@ def _read_config_bytes(path: str, check_permissions: bool) -> str | None:
             "readable)"
         ) from None
     if len(data) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{plain_text(path)}: larger than {MAX_CONFIG_BYTES} bytes, not an ssh config")
+        raise ConfigError(
+            f"{plain_text(path)}: larger than {MAX_CONFIG_BYTES} bytes, not an ssh config"
+        )
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as err:

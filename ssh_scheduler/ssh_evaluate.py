@@ -109,7 +109,7 @@ def _match(line: SshLine, state: _State) -> bool:
     while rest:
         word = strdelim(rest)
         if word is None:
-            raise _refuse(line, "unbalanced \" quote in Match (close it)")
+            raise _refuse(line, 'unbalanced " quote in Match (close it)')
         attrib, rest = word
         if not attrib or attrib.startswith("#"):
             break
@@ -203,8 +203,9 @@ def _apply(line: SshLine, state: _State, active: bool) -> None:
         if ignored is not None and match_pattern_list(keyword, ignored, True) == 1:
             return
         raise _refuse(
-            line, f"unknown keyword {show_value(line.spelled)} (ssh refuses it too; fix the "
-            "spelling, or list it in IgnoreUnknown)"
+            line,
+            f"unknown keyword {show_value(line.spelled)} (ssh refuses it too; fix the "
+            "spelling, or list it in IgnoreUnknown)",
         )
     _check_values(line, keyword)
     if not active:

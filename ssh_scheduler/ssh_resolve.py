@@ -156,8 +156,13 @@ def resolve_host(
     if ev.proxy_command is not None and ev.proxy_command[0].lower() != "none" and not hops:
         proxy_command, line = ev.proxy_command
         where["proxycommand"] = line.where
-        proxy_tokens = {"h": host, "k": key_alias or host_arg, "n": host_arg, "p": str(port),
-                        "r": user}
+        proxy_tokens = {
+            "h": host,
+            "k": key_alias or host_arg,
+            "n": host_arg,
+            "p": str(port),
+            "r": user,
+        }
         proxy_expanded = _expand(
             line, "exec " + proxy_command, proxy_tokens, None, None, at_connect=True
         )

@@ -25,11 +25,18 @@ class Reference:
     account: LocalAccount
     env: dict[str, str]
 
-    def run(self, host: str, config: Path | None, *args: str) -> tuple[int, dict[str, list[str]], str]:
+    def run(
+        self, host: str, config: Path | None, *args: str
+    ) -> tuple[int, dict[str, list[str]], str]:
         """``ssh -G [-F config] args host``: (exit status, keyword -> values, stderr)."""
         command = ["ssh", "-G", *(["-F", str(config)] if config is not None else []), *args, host]
         done = subprocess.run(
-            command, env=self.env, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL
+            command,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            stdin=subprocess.DEVNULL,
         )
         values: dict[str, list[str]] = {}
         for line in done.stdout.splitlines():
