@@ -1,43 +1,50 @@
-"""Host ranges like clush/pdsh: ``expand("gpu[1-8,12]")`` and its inverse ``fold``.
+"""Host ranges as ClusterShell (``clush``, ``nodeset``) writes them: ``expand("gpu[1-8,12]")``
+and its inverse ``fold``.  ``tests/test_hostlist_differential.py`` holds both to ClusterShell's
+``NodeSet``.
 
 Syntax accepted by :func:`expand`:
 
 * ``gpu[1-8,12]`` -> ``gpu1 .. gpu8, gpu12``: a bracket holds comma-separated numbers and
   ``lo-hi`` ranges (``lo <= hi``, decimal digits only).
-* Zero padding is kept: the width of ``lo`` is kept when ``lo`` has a leading zero
-  (``n[01-10]`` -> ``n01 .. n10``; ``n[1-10]`` -> ``n1 .. n10``).
+* Zero padding: ``n[01-10]`` -> ``n01 .. n10``; ``n[1-10]`` -> ``n1 .. n10``.  Both ends of a
+  padded range have the same number of digits (``n[08-100]`` is refused, as ClusterShell does:
+  write ``n[08-99,100]``).
 * Several brackets give the cartesian product, leftmost bracket varying slowest
   (``r[1-2]n[1-2]`` -> ``r1n1 r1n2 r2n1 r2n2``).
-* Commas outside brackets separate patterns (``a,b[1-2]`` -> ``a b1 b2``); whitespace around
-  each pattern is ignored.
+* ClusterShell's set operators between patterns, evaluated left to right: ``,`` union,
+  ``!`` difference (``gpu[1-8]!gpu3``), ``&`` intersection, ``^`` symmetric difference;
+  whitespace around each pattern is ignored.
 * Everything outside brackets is literal text, so ``ben@gpu[1-2]:2222`` and
   ``machines/gpu[1-2].yaml`` work too.
 * The result keeps the order of the pattern and drops repeated names (first one wins).
-* At most :data:`MAX_EXPANSION` names; more is a :class:`ConfigError`, checked before anything
-  is generated.
+* At most :data:`MAX_EXPANSION` distinct names; more is a :class:`ConfigError`, checked before
+  the names are generated.
 
-Anything malformed (``gpu[3-1]``, ``gpu[``, ``gpu[a-b]``, ``gpu[]``, an empty pattern) raises
-:class:`ConfigError` with a one-line message.
+Refused, because ClusterShell would read them differently: node groups (``@gpus``) and range
+steps (``[1-10/2]``).  Anything malformed (``gpu[3-1]``, ``gpu[``, ``gpu[a-b]``, ``gpu[]``, an
+empty pattern) raises :class:`ConfigError` with a one-line message.
 
 :func:`fold` is the inverse used for display; ``expand(fold(names))`` gives back the same set of
-names (without duplicates, in fold's sorted order).
+names, and ClusterShell reads the folded text as the same set.
 """
 
 from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 from ssh_scheduler.errors import ConfigError
 
 __all__ = ["MAX_EXPANSION", "expand", "fold"]
 
 MAX_EXPANSION = 100_000
-"""Most names one pattern (all its comma-separated parts together) may expand to."""
+"""Most distinct names one pattern may expand to."""
 
-_RANGE_ITEM = re.compile(r"(\d+)(?:-(\d+))?")
-_LAST_NUMBER = re.compile(r"^(.*?)(\d+)(\D*)$", re.DOTALL)
+OPERATORS = ",!&^"
+_RANGE_ITEM = re.compile(r"([0-9]+)(?:-([0-9]+))?")
+_LAST_NUMBER = re.compile(r"^(.*?)([0-9]+)([^0-9]*)$", re.DOTALL)
 _MAX_SHOWN = 60
 
 
@@ -48,63 +55,106 @@ def _show(text: str) -> str:
     return repr(text)
 
 
-def _split_top_level(pattern: str) -> list[str]:
-    """Split on commas that are not inside brackets; bracket balance is checked later."""
-    parts: list[str] = []
+def _split_operators(pattern: str) -> list[tuple[str, str]]:
+    """``a,b!c`` -> ``[("", "a"), (",", "b"), ("!", "c")]``: operators outside brackets."""
+    parts: list[tuple[str, str]] = []
     depth = 0
     start = 0
+    operator = ""
     for i, ch in enumerate(pattern):
         if ch == "[":
             depth += 1
         elif ch == "]":
             depth = max(depth - 1, 0)
-        elif ch == "," and depth == 0:
-            parts.append(pattern[start:i])
-            start = i + 1
-    parts.append(pattern[start:])
+        elif ch in OPERATORS and depth == 0:
+            parts.append((operator, pattern[start:i]))
+            operator, start = ch, i + 1
+    parts.append((operator, pattern[start:]))
     return parts
 
 
-def _parse_bracket(body: str, whole: str) -> list[str]:
-    """``1-3,07`` -> the list of number strings it stands for (ranges stay lazy-free: small)."""
+def _padded(digits: str) -> bool:
+    return len(digits) > 1 and digits.startswith("0")
+
+
+@dataclass(frozen=True, slots=True)
+class _Bracket:
+    """The numbers of one ``[...]``: ``(lo, hi, width)`` ranges, width 0 = no padding."""
+
+    ranges: tuple[tuple[int, int, int], ...]
+
+    def count(self) -> int:
+        """Distinct names, without generating them (ranges of one width merged)."""
+        total = 0
+        for width in {w for _, _, w in self.ranges}:
+            spans = sorted((lo, hi) for lo, hi, w in self.ranges if w == width)
+            end = -1
+            for lo, hi in spans:
+                if hi > end:
+                    total += hi - max(lo, end + 1) + 1
+                    end = hi
+        return total
+
+    def values(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for lo, hi, width in self.ranges:
+            for n in range(lo, hi + 1):
+                seen.setdefault(f"{n:0{width}d}" if width else str(n))
+        return list(seen)
+
+
+def _parse_bracket(body: str, whole: str) -> _Bracket:
     if not body.strip():
         raise ConfigError(
             f"host range {_show(whole)}: empty brackets '[]' (write numbers inside, like gpu[1-4])"
         )
-    items: list[tuple[int, int, int]] = []  # (lo, hi, width); width 0 = no padding
+    ranges: list[tuple[int, int, int]] = []
     for raw in body.split(","):
         item = raw.strip()
         m = _RANGE_ITEM.fullmatch(item)
         if m is None:
+            if "/" in item:
+                raise ConfigError(
+                    f"host range {_show(whole)}: steps like {_show(item)} are not supported "
+                    "(list the numbers, like gpu[1,3,5])"
+                )
             raise ConfigError(
                 f"host range {_show(whole)}: {_show(item)} is not a number or a lo-hi range "
                 "of numbers (write it like gpu[1-8,12])"
             )
-        lo_text, hi_text = m.group(1), m.group(2)
-        lo = int(lo_text)
-        hi = int(hi_text) if hi_text is not None else lo
+        lo_text, hi_text = m.group(1), m.group(2) if m.group(2) is not None else m.group(1)
+        lo, hi = int(lo_text), int(hi_text)
         if hi < lo:
             raise ConfigError(
                 f"host range {_show(whole)}: range {_show(item)} goes down "
                 f"(write the smaller number first: {hi_text}-{lo_text})"
             )
-        width = len(lo_text) if len(lo_text) > 1 and lo_text.startswith("0") else 0
-        items.append((lo, hi, width))
-    total = sum(hi - lo + 1 for lo, hi, _ in items)
-    if total > MAX_EXPANSION:
+        if (_padded(lo_text) or _padded(hi_text)) and len(lo_text) != len(hi_text):
+            raise ConfigError(
+                f"host range {_show(whole)}: range {_show(item)} has ends of different widths, "
+                "which ClusterShell refuses too (write both ends with the same digits, like "
+                "n[08-99,100] or n[008-100])"
+            )
+        ranges.append((lo, hi, len(lo_text) if _padded(lo_text) else 0))
+    return _Bracket(tuple(ranges))
+
+
+def _too_many(whole: str, size: int | None = None) -> ConfigError:
+    count = f" expands to {size} names," if size is not None else " expands to"
+    return ConfigError(
+        f"host range {_show(whole)}{count} more than the limit of {MAX_EXPANSION} names "
+        "(use a smaller range)"
+    )
+
+
+def _expand_one(part: str, whole: str) -> Iterator[str]:
+    """The names of one operator-free pattern; its size is checked before any is generated."""
+    if part.startswith("@"):
         raise ConfigError(
-            f"host range {_show(whole)} expands to {total} names, more than the limit of "
-            f"{MAX_EXPANSION} (use a smaller range)"
+            f"host range {_show(whole)}: node groups like {_show(part)} are not supported "
+            "(list the hosts, or write a range like gpu[1-8])"
         )
-    out: list[str] = []
-    for lo, hi, width in items:
-        out.extend(f"{n:0{width}d}" if width else str(n) for n in range(lo, hi + 1))
-    return out
-
-
-def _expand_one(part: str, whole: str) -> list[str]:
-    """Expand one comma-free (at top level) pattern into its names."""
-    pieces: list[list[str]] = []  # alternating literal / choices; literals are 1-element lists
+    pieces: list[str | _Bracket] = []
     pos = 0
     while pos < len(part):
         open_at = part.find("[", pos)
@@ -115,9 +165,15 @@ def _expand_one(part: str, whole: str) -> list[str]:
                 "(write ranges like gpu[1-4])"
             )
         if open_at == -1:
-            pieces.append([part[pos:]])
+            pieces.append(part[pos:])
             break
-        pieces.append([part[pos:open_at]])
+        if open_at == pos and pieces and isinstance(pieces[-1], _Bracket):
+            raise ConfigError(
+                f"host range {_show(whole)}: two brackets next to each other, which ClusterShell "
+                "refuses too (put text between them, like r[1-2]n[1-4])"
+            )
+        if open_at > pos or not pieces:
+            pieces.append(part[pos:open_at])
         close_at = part.find("]", open_at + 1)
         if close_at == -1:
             raise ConfigError(
@@ -132,83 +188,87 @@ def _expand_one(part: str, whole: str) -> list[str]:
         pieces.append(_parse_bracket(body, whole))
         pos = close_at + 1
     size = 1
-    for choices in pieces:
-        size *= len(choices)
-    if size > MAX_EXPANSION:
-        raise ConfigError(
-            f"host range {_show(whole)} expands to {size} names, more than the limit of "
-            f"{MAX_EXPANSION} (use a smaller range)"
-        )
-    return ["".join(combo) for combo in itertools.product(*pieces)]
+    for piece in pieces:
+        if isinstance(piece, _Bracket):
+            size *= piece.count()
+            if size > MAX_EXPANSION:
+                raise _too_many(whole, None if len(pieces) > 2 else size)
+    choices = [[p] if isinstance(p, str) else p.values() for p in pieces]
+    return ("".join(combo) for combo in itertools.product(*choices))
 
 
 def expand(pattern: str) -> list[str]:
     """Expand a host range pattern into the list of names it stands for (see module doc)."""
     if not pattern.strip():
         raise ConfigError("empty host pattern (give a name or a range like gpu[1-8,12])")
-    names: list[str] = []
-    seen: set[str] = set()
-    for raw in _split_top_level(pattern):
+    result: dict[str, None] = {}
+    parts = _split_operators(pattern)
+    for index, (operator, raw) in enumerate(parts):
         part = raw.strip()
         if not part:
-            raise ConfigError(
-                f"host range {_show(pattern)}: empty name between commas (remove the extra ',')"
-            )
-        for name in _expand_one(part, pattern):
-            if name not in seen:
-                seen.add(name)
-                names.append(name)
-                if len(names) > MAX_EXPANSION:
-                    raise ConfigError(
-                        f"host range {_show(pattern)} expands to more than the limit of "
-                        f"{MAX_EXPANSION} names (use a smaller range)"
-                    )
-    return names
+            near = operator or parts[index + 1][0]
+            what = "empty name between commas" if near == "," else f"nothing beside '{near}'"
+            raise ConfigError(f"host range {_show(pattern)}: {what} (remove the extra '{near}')")
+        names = dict.fromkeys(_expand_one(part, pattern))
+        if operator in ("", ","):
+            result.update(names)
+        elif operator == "!":
+            result = {n: None for n in result if n not in names}
+        elif operator == "&":
+            result = {n: None for n in result if n in names}
+        else:  # "^"
+            either = {n: None for n in result if n not in names}
+            either.update((n, None) for n in names if n not in result)
+            result = either
+        if len(result) > MAX_EXPANSION:
+            raise _too_many(pattern)
+    if not result:
+        raise ConfigError(
+            f"host range {_show(pattern)} leaves no host (check the '!', '&' or '^' parts)"
+        )
+    return list(result)
 
 
 def _natural_key(text: str) -> tuple[tuple[int, int, str], ...]:
     """Sort key that orders digit runs numerically (``r2n`` before ``r10n``)."""
     key: list[tuple[int, int, str]] = []
-    for chunk in re.split(r"(\d+)", text):
+    for chunk in re.split(r"([0-9]+)", text):
         if not chunk:
             continue
-        if chunk.isdigit():
+        if chunk.isascii() and chunk.isdigit():
             key.append((0, int(chunk), chunk))
         else:
             key.append((1, 0, chunk))
     return tuple(key)
 
 
-def _format_number(value: int, width: int) -> str:
-    return f"{value:0{width}d}" if width else str(value)
-
-
-def _fold_numbers(numbers: list[str]) -> str:
-    """``["1","2","3","5"]`` -> ``"1-3,5"``; runs only join numbers written the same way."""
-    ordered = sorted(set(numbers), key=lambda s: (int(s), len(s), s))
-    runs: list[tuple[str, str]] = []  # (first text, last text)
-    run_first = run_last = ordered[0]
-    width = len(run_first) if len(run_first) > 1 and run_first.startswith("0") else 0
+def _fold_numbers(numbers: Iterable[str]) -> str:
+    """``["1","2","3","5"]`` -> ``"1-3,5"``, as ClusterShell folds: numbers ordered by length
+    then value; a run continues with the next value when it is written alike (a padded run only
+    with numbers of its width, so ``08 .. 99, 100`` is ``08-99,100``)."""
+    ordered = sorted(set(numbers), key=lambda s: (len(s), int(s)))
+    runs: list[tuple[str, str]] = []
+    first = last = ordered[0]
     for text in ordered[1:]:
-        expected = _format_number(int(run_last) + 1, width)
-        if text == expected:
-            run_last = text
+        width = len(first) if _padded(first) else 0
+        alike = len(text) == width if width else not _padded(text)
+        if int(text) == int(last) + 1 and alike:
+            last = text
             continue
-        runs.append((run_first, run_last))
-        run_first = run_last = text
-        width = len(text) if len(text) > 1 and text.startswith("0") else 0
-    runs.append((run_first, run_last))
-    return ",".join(first if first == last else f"{first}-{last}" for first, last in runs)
+        runs.append((first, last))
+        first = last = text
+    runs.append((first, last))
+    return ",".join(a if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def fold(names: Iterable[str]) -> str:
     """Fold host names into a compact range string, for display.
 
     ``gpu1 gpu2 gpu3 gpu5`` -> ``gpu[1-3,5]``.  Names are grouped by the text before and after
-    their *last* number; a group of one name is shown as that name; names without digits are
-    shown as they are.  Groups are joined with ``,`` and sorted by prefix (digit runs compared as
-    numbers), then suffix, then number.  Duplicates are dropped.  Padding is kept: ``n08 n09
-    n10`` -> ``n[08-10]`` while ``n8 n9 n10`` -> ``n[8-10]``.
+    their *last* number (ASCII digits); a group of one name is shown as that name; names without
+    digits are shown as they are.  Groups are joined with ``,`` and sorted by prefix (digit runs
+    compared as numbers), then suffix, then number.  Duplicates are dropped.  Padding is kept:
+    ``n08 n09 n10`` -> ``n[08-10]`` while ``n8 n9 n10`` -> ``n[8-10]``.
     """
     groups: dict[tuple[str, str], list[str]] = {}
     plain: set[str] = set()
@@ -228,7 +288,7 @@ def fold(names: Iterable[str]) -> str:
         if len(distinct) == 1:
             shown = f"{prefix}{next(iter(distinct))}{suffix}"
         else:
-            shown = f"{prefix}[{_fold_numbers(numbers)}]{suffix}"
+            shown = f"{prefix}[{_fold_numbers(distinct)}]{suffix}"
         entries.append(((_natural_key(prefix), suffix, first), shown))
     entries.sort()
     return ",".join(shown for _, shown in entries)

@@ -382,7 +382,11 @@ async def fetch_host_key(machine: Machine, tunnel: Any = None) -> Any:
 
     return await asyncio.wait_for(
         asyncssh.get_server_host_key(
-            machine.host, machine.port, tunnel=tunnel if tunnel is not None else (), config=None
+            machine.host,
+            machine.port,
+            tunnel=tunnel if tunnel is not None else (),
+            proxy_command=_proxy_command(machine) if tunnel is None else (),
+            config=None,
         ),
         machine.connect_timeout,
     )
@@ -577,6 +581,32 @@ def _parse_hop(hop: str) -> tuple[str | None, str, int | None]:
     return (user or None), host, (int(port) if port else None)
 
 
+def _proxy_command(machine: Machine) -> Any:
+    """The ssh config's ProxyCommand as ssh runs it: ``$SHELL -c "exec <command>"``."""
+    if machine.proxy_command is None:
+        return ()
+    return [os.environ.get("SHELL") or "/bin/sh", "-c", machine.proxy_command]
+
+
+def _jump_chain(machine: Machine) -> list[Machine]:
+    """The jump hosts in the order they are connected, first hop first.
+
+    ``load_machine`` resolves them through the ssh config, as ``ssh -J`` does (``jump_host``);
+    a Machine built by hand with only ``proxy_jump`` gets its hops as written."""
+    if machine.jump_host is None:
+        hops = []
+        for text in (machine.proxy_jump or "").split(","):
+            user, host, port = _parse_hop(text)
+            hops.append(Machine(name=text, host=host, port=port or 22, user=user))
+        return hops
+    chain = []
+    hop: Machine | None = machine.jump_host
+    while hop is not None:
+        chain.append(hop)
+        hop = hop.jump_host
+    return chain[::-1]
+
+
 class SSHTransport:
     """One asyncssh connection to one host, shared by everything that talks to it."""
 
@@ -625,6 +655,8 @@ class SSHTransport:
             if machine.proxy_jump:
                 tunnels = await _open_jump_hosts(machine)
                 options["tunnel"] = tunnels[-1]
+            elif machine.proxy_command is not None:
+                options["proxy_command"] = _proxy_command(machine)
             conn = await cls._connect_checked(
                 machine, known, options, accept_new, tunnels, left_to_agent
             )
@@ -858,23 +890,29 @@ class SSHTransport:
 
 
 async def _open_jump_hosts(machine: Machine) -> list[Any]:
-    """Connect through each ProxyJump hop in turn, as ``ssh -J`` would: the user's ssh config,
-    known_hosts and keys apply to the jump hosts; agent forwarding stays off."""
+    """Connect through each ProxyJump hop in turn, as ``ssh -J`` would: each hop has its own
+    user, port, keys and known_hosts from the ssh config (resolved by ssh_scheduler.config, never
+    by asyncssh's reader), the first hop may have a ProxyCommand; agent forwarding stays off."""
     import asyncssh
 
     assert machine.proxy_jump
     conns: list[Any] = []
     try:
-        for hop in machine.proxy_jump.split(","):
-            user, host, port = _parse_hop(hop)
-            label = f"{describe(machine)}: jump host {hop}"
+        for hop in _jump_chain(machine):
+            label = f"{describe(machine)}: jump host {hop.name}"
+            client_keys, _ = _load_client_keys(hop)
+            known = KnownHosts(known_hosts_files(hop))
             try:
                 conn = await asyncio.wait_for(
                     asyncssh.connect(
-                        host,
-                        port if port is not None else (),
-                        username=user if user is not None else (),
+                        hop.host,
+                        hop.port,
+                        username=hop.user if hop.user is not None else (),
+                        client_keys=client_keys if client_keys is not None else (),
+                        known_hosts=known.lookup,
                         tunnel=conns[-1] if conns else (),
+                        proxy_command=_proxy_command(hop) if not conns else (),
+                        config=None,
                         agent_forwarding=False,
                         connect_timeout=machine.connect_timeout,
                         login_timeout=machine.connect_timeout,
@@ -885,19 +923,20 @@ async def _open_jump_hosts(machine: Machine) -> list[Any]:
                 )
             except asyncssh.HostKeyNotVerifiable as exc:
                 raise HostKeyError(
-                    f"{label}: {exc.reason}; check its key and add it to ~/.ssh/known_hosts "
-                    f"(for example with ssh-keyscan) before using it as a jump host"
+                    f"{label}: {exc.reason}; check its key and add it to "
+                    f"{known.files[0] if known.files else '~/.ssh/known_hosts'} (for example "
+                    f"with ssh-keyscan) before using it as a jump host"
                 ) from None
             except asyncssh.PermissionDenied:
                 raise AuthenticationError(
-                    f"{label}: permission denied; check that `ssh {hop}` works"
+                    f"{label}: permission denied; check that `ssh {hop.name}` works"
                 ) from None
             except TimeoutError:
                 raise HostUnreachableError(
                     f"{label}: no answer within {machine.connect_timeout:g} s"
                 ) from None
             except OSError as exc:
-                raise HostUnreachableError(f"{label}: {_os_reason(exc, host, port)}") from None
+                raise HostUnreachableError(f"{label}: {_os_reason(exc, hop.host, hop.port)}") from None
             except asyncssh.Error as exc:
                 raise TransportError(f"{label}: {exc.reason}") from None
             conns.append(conn)

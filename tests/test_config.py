@@ -1,21 +1,25 @@
 from __future__ import annotations
 
 import os
+import pwd
 from pathlib import Path
 
 import pytest
 
+from ssh_scheduler import config as config_module
+from ssh_scheduler import ssh_config
 from ssh_scheduler.config import (
     DEFAULT_WORKDIR,
     Machine,
+    SshConfigs,
+    SshHost,
     load_machine,
     load_machines,
     local_machine,
     parse_machine_yaml,
-    parse_ssh_config,
-    resolve_ssh_alias,
 )
 from ssh_scheduler.errors import ConfigError
+from ssh_scheduler.ssh_tokens import LocalAccount, current_account
 
 ANCESTOR_YAML = """\
 username: ben       # Replace with your username on the machine
@@ -28,11 +32,15 @@ ssh_key_path: ~/.ssh/id_ssh_key
 
 @pytest.fixture(autouse=True)
 def _home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Every test gets its own HOME (no real ~/.ssh/config or ~/.local/var) and cwd."""
+    """Every test gets its own account and HOME (no real ~/.ssh/config, /etc/ssh/ssh_config or
+    ~/.local/var) and cwd."""
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setenv("USER", "localuser")
+    monkeypatch.setenv("USER", "not-the-account")
+    account = LocalAccount("localuser", str(home), os.getuid(), "testhost")
+    monkeypatch.setattr(config_module, "current_account", lambda: account)
+    monkeypatch.setattr(ssh_config, "SYSTEM_SSH_CONFIG", tmp_path / "etc_ssh_config")
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
@@ -303,7 +311,7 @@ def test_empty_spec() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# ~/.ssh/config
+# ~/.ssh/config (the differential tests against ssh -G are in test_ssh_config_differential.py)
 
 SSH_CONFIG = """\
 # comment
@@ -329,107 +337,216 @@ host = quoted
     hostname "q.example.com"
     IdentityFile "~/.ssh/my key"
 
-Match host foo
+Match originalhost foo
     User matchuser
 
-Host *
+Host * !bastion
     User fallback
     ConnectTimeout 7
     ForwardAgent yes
 """
 
 
-def test_parse_ssh_config_blocks() -> None:
-    blocks = parse_ssh_config(SSH_CONFIG)
-    assert blocks[0].conditions == ()
-    assert blocks[0].options[0].keyword == "forwardagent"
-    assert blocks[1].conditions == (("gpu1", "gpu1-alias"),)
-    assert [o.keyword for o in blocks[1].options][:3] == ["hostname", "user", "port"]
-    assert any(b.never for b in blocks)  # Match host foo
+def keys(home: Path, *names: str) -> None:
+    for name in names:
+        write(home / ".ssh" / name, "not really a key\n")
 
 
-def test_resolve_alias_first_value_wins(_home: Path) -> None:
-    opts = resolve_ssh_alias("gpu1", SSH_CONFIG)
-    assert opts is not None
-    assert opts["hostname"] == "gpu1.cluster.example.com"
-    assert opts["user"] == "alice"
-    assert opts["port"] == "2201"
-    assert opts["identityfile"] == (
-        str(_home / ".ssh/id_gpu"),
-        str(_home / ".ssh/id_gpu1.cluster.example.com_alice"),
-    )
-    assert opts["proxyjump"] == "bastion"
-    assert opts["forwardagent"] == "no"  # the global line comes first
-    assert opts["userknownhostsfile"] == (str(_home / ".ssh/kh1"), str(_home / ".ssh/kh2"))
-
-
-def test_resolve_alias_wildcard_only_is_not_found() -> None:
-    assert resolve_ssh_alias("typo-host", SSH_CONFIG) is None
-    assert resolve_ssh_alias("foo", SSH_CONFIG) is None  # Match blocks are not evaluated
-    opts = resolve_ssh_alias("typo-host", SSH_CONFIG, require_literal=False)
-    assert opts is not None
-    assert opts["user"] == "fallback"
-    assert opts["hostname"] == "typo-host"
-
-
-def test_resolve_alias_patterns_and_negation() -> None:
-    gpu7 = resolve_ssh_alias("gpu7", SSH_CONFIG)
-    assert gpu7 is not None
-    assert (gpu7["hostname"], gpu7["user"]) == ("gpu7.internal", "bob")
-    lan = resolve_ssh_alias("box.lan", SSH_CONFIG)
-    assert lan is not None and lan["connecttimeout"] == "3"
-    assert resolve_ssh_alias("bad.lan", SSH_CONFIG) is None  # negated
-    assert resolve_ssh_alias("GPU1", SSH_CONFIG) is not None  # case-insensitive
-
-
-def test_resolve_quoted_values(_home: Path) -> None:
-    opts = resolve_ssh_alias("quoted", SSH_CONFIG)
-    assert opts is not None
-    assert opts["hostname"] == "q.example.com"
-    assert opts["identityfile"] == (str(_home / ".ssh/my key"),)
-
-
-def test_proxyjump_proxycommand_first_wins() -> None:
-    text = "Host a\n  ProxyCommand none\nHost *\n  ProxyJump j\n"
-    opts = resolve_ssh_alias("a", text)
-    assert opts is not None
-    assert opts.get("proxycommand") == "none"
-    assert "proxyjump" not in opts
-
-
-@pytest.mark.parametrize(
-    ("text", "needles"),
-    [
-        ("Host a\n  HostName 'x\n", ["line 2", "unbalanced"]),
-        ("Host\n", ["line 1", "'Host' has no value"]),
-        ("Host a\n  IdentityFile ~/.ssh/id_%Q\n", ["line 2", "'%Q'"]),
-        ("Host a\n  = x\n", ["line 2", "cannot read"]),
-        ("Host a\n  IdentityFile ~\x00x\n", ["line 2", "control character"]),
-    ],
-)
-def test_ssh_config_errors(text: str, needles: list[str]) -> None:
-    one_line_error(config_error(resolve_ssh_alias, "a", text), *needles)
+def resolve(tmp_path: Path, text: str, alias: str, **preset: object) -> SshHost:
+    cfg = write(tmp_path / "ssh_config_under_test", text)
+    return SshConfigs(cfg).resolve(alias, **preset)  # type: ignore[arg-type]
 
 
 def test_load_machine_from_alias(tmp_path: Path, _home: Path) -> None:
+    keys(_home, "id_gpu")
     cfg = write(tmp_path / "ssh_config", SSH_CONFIG)
     m = load_machine("gpu1", ssh_config=cfg)
     assert m.name == "gpu1"
     assert m.host == "gpu1.cluster.example.com"
     assert m.user == "alice"
     assert m.port == 2201
-    assert m.key_paths[0] == str(_home / ".ssh/id_gpu")
+    assert m.key_paths == (str(_home / ".ssh/id_gpu"),)  # the second key does not exist
     assert m.proxy_jump == "bastion"
-    assert m.forward_agent is False
+    assert m.jump_host is not None and m.jump_host.host == "bastion"
+    assert m.jump_host.user == "localuser"  # Host * !bastion does not apply to the jump host
+    assert m.forward_agent is False  # the global line comes first
     assert m.connect_timeout == 7.0  # from Host *
     assert m.known_hosts == (str(_home / ".ssh/kh1"), str(_home / ".ssh/kh2"))
     assert "Host gpu1" in m.source
 
 
-def test_host_star_defaults_apply_to_alias(tmp_path: Path) -> None:
-    cfg = write(tmp_path / "c", "Host box\n  HostName 10.1.2.3\nHost *\n  User dflt\n  Port 2022\n")
-    m = load_machine("box", ssh_config=cfg)
-    assert (m.host, m.user, m.port, m.known_hosts) == ("10.1.2.3", "dflt", 2022, None)
+def test_first_value_wins_and_tokens(tmp_path: Path, _home: Path) -> None:
+    r = resolve(tmp_path, SSH_CONFIG, "gpu1")
+    assert (r.hostname, r.user, r.port) == ("gpu1.cluster.example.com", "alice", 2201)
+    assert r.identity_files == ("~/.ssh/id_gpu", "~/.ssh/id_%h_%r")
+    assert r.identity_paths[1] == str(_home / ".ssh/id_gpu1.cluster.example.com_alice")
+    gpu7 = resolve(tmp_path, SSH_CONFIG, "gpu7")
+    assert (gpu7.hostname, gpu7.user) == ("gpu7.internal", "bob")
+    assert resolve(tmp_path, SSH_CONFIG, "box.lan").connect_timeout == 3
+    assert resolve(tmp_path, SSH_CONFIG, "bad.lan").connect_timeout == 7  # negated
+    assert resolve(tmp_path, SSH_CONFIG, "quoted").identity_paths == (str(_home / ".ssh/my key"),)
+
+
+def test_host_patterns_are_case_sensitive_as_in_ssh(tmp_path: Path) -> None:
+    upper = resolve(tmp_path, SSH_CONFIG, "GPU1")
+    assert (upper.hostname, upper.user, upper.port) == ("gpu1", "fallback", 22)
+
+
+def test_match_blocks_apply(tmp_path: Path, _home: Path) -> None:
+    text = (
+        "Match originalhost gpu1\n  Port 2200\n"
+        "Host gpu1\n  HostName 10.0.0.7\n"
+        "Match host 10.0.0.*\n  ProxyJump bastion\n"
+        "Match user ben\n  IdentityFile ~/.ssh/ben_key\n"
+        "Match localuser localuser\n  ConnectTimeout 4\n"
+    )
+    cfg = write(tmp_path / "c", text)
+    m = load_machine("gpu1", ssh_config=cfg)
+    assert (m.host, m.port, m.proxy_jump, m.connect_timeout) == ("10.0.0.7", 2200, "bastion", 4.0)
+    assert m.jump_host is not None and m.jump_host.host == "bastion"
+    keys(_home, "ben_key")
+    assert load_machine("ben@gpu1", ssh_config=cfg).key_paths == (str(_home / ".ssh/ben_key"),)
+    # an alias known only through a Match, or through Host * with a HostName, is found
+    assert load_machine("foo", ssh_config=write(tmp_path / "d", SSH_CONFIG)).user == "matchuser"
+    star = write(tmp_path / "e", "Host *\n  HostName %h.corp.example.com\n")
+    assert load_machine("db1", ssh_config=star).host == "db1.corp.example.com"
+
+
+@pytest.mark.parametrize(
+    ("text", "needles"),
+    [
+        ("Host a\n  HostNmae 10.0.0.1\n", ["line 2", "unknown keyword 'HostNmae'", "IgnoreUnknown"]),
+        ("Host b\n  HostNmae 10.0.0.1\n", ["line 2", "HostNmae"]),  # also where it does not apply
+        ("Host a\n  HostName a b\n", ["line 2", "hostname takes one value"]),
+        ("Host a\n  IdentityFile /k1 /k2\n", ["line 2", "identityfile takes one value"]),
+        ("Host a\n  HostName 'x\n", ["line 2", "unbalanced"]),
+        ("Host\n", ["line 1", "no value"]),
+        ("Host a\n  IdentityFile ~/.ssh/id_%Q\n", ["line 2", "'%Q'", "when connecting"]),
+        ("Host a\n  IdentityFile ~\x00x\n", ["line 2", "control character"]),
+        ("Host a\n  Port http-nope\n", ["line 2", "Port 'http-nope'"]),
+        ("Match exec true\n  User x\n", ["line 1", "Match exec is not supported"]),
+        ("Match final\n  User x\n", ["line 1", "Match final is not supported"]),
+        ("CanonicalizeHostname yes\n", ["line 1", "CanonicalizeHostname is not supported"]),
+        ("Match frob x\n", ["line 1", "unsupported Match criterion 'frob'"]),
+        ("Host a\n  UserKnownHostsFile none /x\n", ["line 2", "'none' must appear alone"]),
+        ("Host a\n  ProxyJump h:nope\n", ["line 2", "invalid ProxyJump"]),
+    ],
+)
+def test_ssh_config_errors(tmp_path: Path, text: str, needles: list[str]) -> None:
+    cfg = write(tmp_path / "c", text)
+    message = config_error(load_machine, "a", ssh_config=cfg)
+    one_line_error(message, str(cfg), *needles)
+
+
+def test_ignore_unknown_is_honoured(tmp_path: Path) -> None:
+    cfg = write(tmp_path / "c", "IgnoreUnknown HostNmae,Use*\nHost a\n  HostNmae x\n  UseFoo 1\n"
+                "  HostName 10.1.1.1\n")
+    assert load_machine("a", ssh_config=cfg).host == "10.1.1.1"
+
+
+def test_account_comes_from_the_password_database(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.undo()  # the real account, with $USER and $HOME lying about it
+    monkeypatch.setenv("USER", "somebody-else")
+    monkeypatch.setenv("LOGNAME", "somebody-else")
+    monkeypatch.setenv("HOME", "/nonexistent")
+    account = current_account()
+    entry = pwd.getpwuid(os.getuid())
+    assert (account.user, account.home, account.uid) == (entry.pw_name, entry.pw_dir, os.getuid())
+
+
+def test_system_config_is_read_after_the_user_config(tmp_path: Path, _home: Path) -> None:
+    write(_home / ".ssh" / "config", "Host box\n  HostName 10.0.0.9\n  Port 2222\n")
+    write(tmp_path / "etc.d" / "10-site.conf", "Host box\n  User siteuser\n  Port 1\n")
+    system = write(tmp_path / "etc_ssh_config", f"Include {tmp_path}/etc.d/*.conf\nHost *\n  User x\n")
+    m = load_machine("box")
+    assert (m.host, m.port, m.user) == ("10.0.0.9", 2222, "siteuser")
+    assert "~/.ssh/config or" in config_error(load_machine, "nothere")
+    system.write_text("Host box\n  Bogus 1\n")
+    one_line_error(config_error(load_machine, "box"), str(system), "line 2", "Bogus")
+
+
+def test_include_relative_to_dot_ssh(tmp_path: Path, _home: Path) -> None:
+    ssh = _home / ".ssh"
+    write(ssh / "conf.d" / "a.conf", "Host inc1\n  HostName 10.9.9.9\n")
+    write(ssh / "config", "Include conf.d/*.conf\nHost other\n  User o\n")
+    assert load_machine("inc1").host == "10.9.9.9"
+    # an Include inside a Host block only applies to that host
+    write(ssh / "config", "Host outer\n  Include extra\n  HostName 10.0.0.1\n")
+    write(ssh / "extra", "User fromextra\n")
+    m = load_machine("outer")
+    assert (m.user, m.host) == ("fromextra", "10.0.0.1")
+    write(ssh / "config", "Include config\n")
+    one_line_error(config_error(load_machine, "x"), "Include nested")
+    # -F style: relative includes are still under ~/.ssh, not next to the file
+    cfg = write(tmp_path / "elsewhere" / "cfg", "Include conf.d/*.conf\n")
+    assert load_machine("inc1", ssh_config=cfg).host == "10.9.9.9"
+
+
+def test_jump_host_resolved_with_the_same_rules(tmp_path: Path, _home: Path) -> None:
+    """A host defined twice through an Include: the target and the jump host agree."""
+    ssh = _home / ".ssh"
+    write(ssh / "config.d" / "1.conf", "Host bastion\n  HostName 10.0.0.1\n  Port ssh\n")
+    write(ssh / "config.d" / "2.conf", "Host bastion\n  HostName 10.0.0.2\n  User nope\n")
+    write(
+        ssh / "config",
+        "Include config.d/*.conf\nHost gpu1\n  HostName 10.1.0.1\n  ProxyJump bastion\n"
+        "Host bastion\n  User ops\n",
+    )
+    direct = load_machine("bastion")
+    via = load_machine("gpu1").jump_host
+    assert via is not None
+    assert (direct.host, direct.port, direct.user) == ("10.0.0.1", 22, "nope")
+    assert (via.host, via.port, via.user) == (direct.host, direct.port, direct.user)
+
+
+def test_jump_chain_as_ssh_dash_j(tmp_path: Path) -> None:
+    text = (
+        "Host target\n  ProxyJump ssh://ops@j1:2022,j2\n"
+        "Host j2\n  HostName 10.0.0.2\n  ProxyJump elsewhere\n"
+        "Host j1\n  HostName 10.0.0.1\n"
+    )
+    m = load_machine("target", ssh_config=write(tmp_path / "c", text))
+    assert m.proxy_jump == "ssh://ops@j1:2022,j2"
+    j2 = m.jump_host
+    assert j2 is not None and (j2.host, j2.proxy_jump) == ("10.0.0.2", "ops@j1:2022")
+    j1 = j2.jump_host  # -J overrides j2's own ProxyJump, as on ssh's command line
+    assert j1 is not None and (j1.host, j1.port, j1.user, j1.jump_host) == ("10.0.0.1", 2022, "ops", None)
+
+
+def test_jump_loop_is_refused(tmp_path: Path) -> None:
+    cfg = write(tmp_path / "c", "Host *\n  ProxyJump bastion\n  HostName %h.lan\n")
+    one_line_error(config_error(load_machine, "gpu1", ssh_config=cfg), "ProxyJump loops", "!bastion")
+
+
+def test_values_ssh_accepts(tmp_path: Path, _home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KEYS", str(tmp_path / "keys"))
+    write(tmp_path / "keys" / f"id_{os.getuid()}", "k\n")
+    keys(_home, "second")
+    text = (
+        "Host a\n  User ben@corp.example.com\n  Port ssh\n  IdentityFile ~/.ssh/missing\n"
+        "  IdentityFile ~/.ssh/second\n  IdentityFile ${KEYS}/id_%i\n"
+        "  ProxyCommand ssh -W %h:%p gw.example.com\n"
+    )
+    m = load_machine("a", ssh_config=write(tmp_path / "c", text))
+    assert (m.user, m.port) == ("ben@corp.example.com", 22)
+    assert m.key_paths == (str(_home / ".ssh/second"), str(tmp_path / "keys" / f"id_{os.getuid()}"))
+    assert m.proxy_command == "exec ssh -W a:22 gw.example.com"
+    assert m.jump_host is None
+
+
+@pytest.mark.parametrize(
+    ("config", "needles"),
+    [
+        ("Host b\n  HostKeyAlias other\n", ["line 2", "HostKeyAlias is not supported"]),
+        ("Host b\n  IdentityFile none\n", ["line 2", "none of the IdentityFile keys exist"]),
+        ("Host b\n  User '-oops'\n", ["line 2", "'-oops'"]),
+        ("Host b\n  HostName 'bad host'\n", ["line 2", "'bad host'"]),
+        ("Host b\n  ForwardAgent /tmp/sock\n", ["line 2", "ForwardAgent"]),
+    ],
+)
+def test_alias_value_errors(tmp_path: Path, config: str, needles: list[str]) -> None:
+    cfg = write(tmp_path / "c", config)
+    one_line_error(config_error(load_machine, "b", ssh_config=cfg), *needles)
 
 
 def test_default_ssh_config_location(_home: Path) -> None:
@@ -442,38 +559,6 @@ def test_default_ssh_config_location(_home: Path) -> None:
 def test_wildcard_only_alias_is_an_error(tmp_path: Path) -> None:
     cfg = write(tmp_path / "c", "Host *\n  User u\n")
     one_line_error(config_error(load_machine, "gpu-typo", ssh_config=cfg), "no machine 'gpu-typo'")
-
-
-def test_include(tmp_path: Path, _home: Path) -> None:
-    ssh = _home / ".ssh"
-    write(ssh / "conf.d" / "a.conf", "Host inc1\n  HostName 10.9.9.9\n")
-    write(ssh / "config", "Include conf.d/*.conf\nHost other\n  User o\n")
-    assert load_machine("inc1").host == "10.9.9.9"
-    # an Include inside a Host block only applies to that host
-    write(ssh / "config", "Host outer\n  Include extra\n  HostName 10.0.0.1\n")
-    write(ssh / "extra", "User fromextra\n")
-    m = load_machine("outer")
-    assert (m.user, m.host) == ("fromextra", "10.0.0.1")
-    write(ssh / "config", "Include config\n")
-    one_line_error(config_error(load_machine, "x"), "Include nested")
-
-
-@pytest.mark.parametrize(
-    ("config", "needles"),
-    [
-        ("Host b\n  Port http\n", ["Host b", "Port 'http'"]),
-        ("Host b\n  HostName 'bad host'\n", ["Host b", "'bad host'"]),
-        ("Host b\n  User '-oops'\n", ["Host b", "'-oops'"]),
-        (
-            "Host b\n  ProxyCommand nc %h %p\n",
-            ["Host b", "ProxyCommand is not supported", "ProxyJump"],
-        ),
-        ("Host b\n  ConnectTimeout soon\n", ["Host b", "'soon'"]),
-    ],
-)
-def test_alias_value_errors(tmp_path: Path, config: str, needles: list[str]) -> None:
-    cfg = write(tmp_path / "c", config)
-    one_line_error(config_error(load_machine, "b", ssh_config=cfg), *needles)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -497,6 +582,7 @@ def test_user_at_host(spec: str, user: str, host: str, port: int) -> None:
 
 
 def test_user_at_host_uses_ssh_config_with_spec_precedence(tmp_path: Path, _home: Path) -> None:
+    keys(_home, "id_gpu", "id_gpu1.cluster.example.com_carol")
     cfg = write(tmp_path / "c", SSH_CONFIG)
     m = load_machine("carol@gpu1:2999", ssh_config=cfg)
     assert (m.user, m.host, m.port) == ("carol", "gpu1.cluster.example.com", 2999)

@@ -13,6 +13,7 @@ import base64
 import hashlib
 import hmac
 import os
+import pwd
 import re
 import signal
 import subprocess
@@ -28,6 +29,7 @@ from ssh_scheduler.errors import AuthenticationError, HostKeyError
 from ssh_scheduler.transport import connect
 from tests.cluster import Cluster, Host
 from tests.hostile_server import HostileServer
+from tests.ssh_reference import account_env
 
 REPO = Path(__file__).resolve().parents[1]
 EXECUTE_REMOTE = [sys.executable, "-m", "ssh_scheduler", "execute_remote"]
@@ -64,6 +66,8 @@ class Env:
             k: v for k, v in os.environ.items() if k not in ("SSH_AUTH_SOCK", "SSH_AGENT_PID")
         }
         self.vars.update(HOME=str(self.home), PYTHONPATH=str(REPO))
+        # ssh (and so ssh_scheduler) takes the home from the password database, not $HOME.
+        self.vars.update(account_env(tmp_path, self.home, pwd.getpwuid(os.getuid()).pw_name))
 
     def machine(self, host: Host, name: str = "m", **changes: object) -> Path:
         spec = dict(host.machine_yaml())

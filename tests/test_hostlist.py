@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import random
+import tracemalloc
 
 import pytest
 
@@ -31,6 +32,12 @@ from ssh_scheduler.hostlist import MAX_EXPANSION, expand, fold
         ("x[5]", ["x5"]),
         ("x[ 1 - 2 ]".replace(" - ", "-"), ["x1", "x2"]),
         ("10.0.0.[1-3]", ["10.0.0.1", "10.0.0.2", "10.0.0.3"]),
+        ("a[1-5]!a3", ["a1", "a2", "a4", "a5"]),
+        ("a[1-5]!a3,b1", ["a1", "a2", "a4", "a5", "b1"]),
+        ("a[1-3]&a[2-5]", ["a2", "a3"]),
+        ("a[1-3]^a[2-5]", ["a1", "a4", "a5"]),
+        ("n[1-60000],n[1-60000]", [f"n{i}" for i in range(1, 60001)]),  # the limit counts names
+        ("n[1-60000,1-60000]", [f"n{i}" for i in range(1, 60001)]),
     ],
 )
 def test_expand(pattern: str, expected: list[str]) -> None:
@@ -50,6 +57,13 @@ def test_expand(pattern: str, expected: list[str]) -> None:
         ("gpu[]", "empty brackets"),
         ("gpu[1,,2]", "''"),
         ("gpu[[1-2]]", "nested"),
+        ("n[08-100]", "different widths"),
+        ("n[1-010]", "different widths"),
+        ("n[1-2][3-4]", "next to each other"),
+        ("@gpus", "node groups"),
+        ("gpu[1-9/2]", "steps"),
+        ("a!a", "leaves no host"),
+        ("a[1-5]!", "nothing beside '!'"),
         ("", "empty host pattern"),
         ("   ", "empty host pattern"),
         ("a,,b", "empty name"),
@@ -66,6 +80,23 @@ def test_expand_errors(pattern: str, needle: str) -> None:
     assert needle in message
     assert "\n" not in message
     assert "(" in message  # says how to fix it
+
+
+def test_size_is_checked_before_anything_is_built() -> None:
+    """40 brackets of 100000 numbers would take gigabytes; the error comes first."""
+    tracemalloc.start()
+    try:
+        with pytest.raises(ConfigError, match="limit"):
+            expand("x".join(["n[1-100000]"] * 40))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1_000_000
+
+
+def test_fold_unicode_digits_are_text() -> None:
+    assert fold(["x\u2460", "x\u2461", "y\u00b2"]) == "x\u2460,x\u2461,y\u00b2"
+    assert fold(["n\u00b21", "n\u00b22"]) == "n\u00b2[1-2]"
 
 
 def test_expand_limit_is_exact() -> None:
@@ -91,6 +122,7 @@ def test_expand_limit_is_exact() -> None:
         (["gpu1.lan", "gpu2.lan", "gpu3"], "gpu3,gpu[1-2].lan"),
         (["10.0.0.1", "10.0.0.2"], "10.0.0.[1-2]"),
         (["x9", "x10", "x11", "x13"], "x[9-11,13]"),
+        ([f"n{i:02d}" for i in range(8, 101)], "n[08-99,100]"),
     ],
 )
 def test_fold(names: list[str], expected: str) -> None:
