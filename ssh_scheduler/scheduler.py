@@ -46,9 +46,11 @@ from .errors import (
     TransportError,
     UnsatisfiableError,
 )
+from .forward import ForwardPolicy, check_forward_size, check_job_copies, describe_forward
 from .journal import Journal, batch_token, last_states
 from .policy import HaltPolicy, Resumable, changed_commands, in_flight
 from .probe import PROBE_COMMAND, HostState, parse_probe_output
+from .results_folder import hold_results_folder, refuse_planted_links
 from .runner import DEFAULT_LEASE, HostSession, JobExit
 from .transfer import (
     CopyLimits,
@@ -88,6 +90,7 @@ class BatchOptions:
     timeout: float | None = None
     halt: HaltPolicy = HaltPolicy()
     quarantine_after: int = 3
+    forward: ForwardPolicy = ForwardPolicy()
 
 
 @dataclass(slots=True)
@@ -206,16 +209,27 @@ class Batch:
 
     # -- public -----------------------------------------------------------------------------------
     async def run(self) -> BatchSummary:
+        # One run per results folder: two would both run every job and fail each other's results.
+        with hold_results_folder(self.options.results_dir, create=not self.options.dry_run):
+            return await self._run()
+
+    async def _run(self) -> BatchSummary:
         self._main = asyncio.current_task()
+        check_job_copies(self.jobs, self.options.base_dir, self.options.forward)
         results = self.options.results_dir
         pending = self._select_jobs(results)
         if not pending:
             self.out("nothing to do: every job already has results")
             return self.summary
+        refuse_planted_links(results, (job.name for job in pending))
         self._total = len(pending)
-        self.forward_sets[self.options.copy_forwards] = await asyncio.to_thread(
-            collect_forward, self.options.copy_forwards, self.options.base_dir, self.hasher
+        forward = self.forward_sets[self.options.copy_forwards] = await asyncio.to_thread(
+            self._collect, self.options.copy_forwards
         )
+        if self.options.dry_run:
+            self.out(describe_forward(forward, self.options.copy_forwards, self.options.forward))
+        else:
+            check_forward_size(forward, self.options.copy_forwards, self.options.forward)
         try:
             await self._connect_all()
             await self._probe_all(initial=True)
@@ -615,9 +629,12 @@ class Batch:
         key = job.copy_forwards if job.copy_forwards is not None else self.options.copy_forwards
         found = self.forward_sets.get(key)
         if found is None:
-            found = collect_forward(key, self.options.base_dir, self.hasher)
+            found = self._collect(key)
             self.forward_sets[key] = found
         return found
+
+    def _collect(self, paths: tuple[str, ...]) -> ForwardSet:
+        return collect_forward(paths, self.options.base_dir, self.hasher, policy=self.options.forward)
 
     async def _run_job(self, job: Job, placement: Placement, resume: bool = False) -> None:
         host = self.hosts[placement.machine]
