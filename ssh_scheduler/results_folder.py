@@ -42,7 +42,9 @@ def _holder(fd: int) -> str:
 @contextlib.contextmanager
 def hold_results_folder(results: Path, *, create: bool = True) -> Iterator[None]:
     """Hold ``results`` for this run.  ``create=False`` (a dry run): a folder that does not
-    exist is left uncreated and needs no lock."""
+    exist is left uncreated and needs no lock.  A folder made here and left holding nothing but
+    the lock (the run stopped before its first job) is removed again."""
+    made = not results.exists()
     if create:
         results.mkdir(parents=True, exist_ok=True)
     elif not results.is_dir():
@@ -72,7 +74,13 @@ def hold_results_folder(results: Path, *, create: bool = True) -> Iterator[None]
         os.pwrite(fd, json.dumps(mine).encode() + b"\n", 0)
         yield
     finally:
-        os.close(fd)  # releases the lock; the file stays, so no one can race on its removal
+        # The lock file stays (removing it could let two runs hold locks on different files),
+        # unless the run left nothing else in a folder it made.
+        with contextlib.suppress(OSError):
+            if made and os.listdir(results) == [LOCK_NAME]:
+                os.unlink(path)
+                os.rmdir(results)
+        os.close(fd)  # releases the lock
 
 
 def refuse_planted_links(results: Path, names: Iterable[str]) -> None:
