@@ -284,7 +284,7 @@ def collect_forward(
     return ForwardSet(
         tuple(sorted(files.values(), key=lambda f: f.rel)),
         tuple(sorted(dirs)),
-        tuple(dict.fromkeys(walk.withheld)),
+        tuple(sorted(set(walk.withheld))),
     )
 
 
