@@ -18,7 +18,6 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from .errors import SchedulerError
-from .forward import DEFAULT_MAX_BYTES, DEFAULT_MAX_FILES
 
 MULTI_VALUE = ("--machines", "--copy-forwards", "--copy-backwards", "--exclude-hosts", "-x")
 T = TypeVar("T")
@@ -118,8 +117,8 @@ def execute_batch(
     halt: Annotated[str | None, typer.Option("--halt", help="now,fail=N | soon,fail=N | soon,fail=N%: stop after failures")] = None,
     keepalive: Annotated[float | None, typer.Option("--keepalive", help="seconds between SSH keepalives; 3 missed = host lost")] = None,
     yes_copy_all: Annotated[bool, typer.Option("--yes-copy-all", help="send the default copy forward (.) even above --forward-max-bytes/--forward-max-files")] = False,
-    forward_max_bytes: Annotated[int, typer.Option("--forward-max-bytes", help="the default copy forward (.) stops above this many bytes")] = DEFAULT_MAX_BYTES,
-    forward_max_files: Annotated[int, typer.Option("--forward-max-files", help="the default copy forward (.) stops above this many files")] = DEFAULT_MAX_FILES,
+    forward_max_bytes: Annotated[int | None, typer.Option("--forward-max-bytes", help="the default copy forward (.) stops above this many bytes (default 1 GiB)")] = None,
+    forward_max_files: Annotated[int | None, typer.Option("--forward-max-files", help="the default copy forward (.) stops above this many files (default 10000)")] = None,
     allow_secret_copies: Annotated[bool, typer.Option("--allow-secret-copies", help="send secret paths you name (.ssh, .aws, private keys...); a walk still withholds them")] = False,
     allow_outside_copies: Annotated[bool, typer.Option("--allow-outside-copies", help="let --commands lines copy paths outside the batch's folder")] = False,
 ) -> None:
@@ -127,7 +126,7 @@ def execute_batch(
     from .allocate import Needs
     from .batch import parse_batch
     from .config import load_machines, local_machine
-    from .forward import ForwardPolicy
+    from .forward import DEFAULT_MAX_BYTES, DEFAULT_MAX_FILES, ForwardPolicy
     from .policy import parse_halt
     from .scheduler import Batch, BatchOptions
     from .transfer import CopyLimits
@@ -170,8 +169,8 @@ def execute_batch(
                 allow_secrets=allow_secret_copies,
                 allow_outside=allow_outside_copies,
                 confirmed=yes_copy_all or bool(copy_forwards),
-                max_bytes=forward_max_bytes,
-                max_files=forward_max_files,
+                max_bytes=DEFAULT_MAX_BYTES if forward_max_bytes is None else forward_max_bytes,
+                max_files=DEFAULT_MAX_FILES if forward_max_files is None else forward_max_files,
             ),
         )
         batch = Batch(jobs, hosts, options, out=out_line, err=err_line)

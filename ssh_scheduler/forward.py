@@ -19,6 +19,7 @@ Everything here happens before a byte leaves this machine, and nothing here does
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -28,10 +29,13 @@ import stat
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .batch import Job
 from .errors import TransferError, plain_text
 from .ignore import IgnoreRules
+
+if TYPE_CHECKING:  # only for annotations: every command's start-up imports this module
+    from .batch import Job
 
 __all__ = [
     "DEFAULT_EXCLUDES",
@@ -73,7 +77,6 @@ SECRET_PATTERNS = (
 )  # fmt: skip
 """gitignore patterns of what a copy forward never sends unless named and allowed."""
 
-_SECRET_RULES = IgnoreRules(SECRET_PATTERNS)
 # Keys are small: only files up to this size are read for a private key header.
 KEY_SCAN_BYTES = 64 * 1024
 _PRIVATE_KEY = re.compile(rb"^-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----|^PuTTY-User-Key-File-", re.M)
@@ -150,14 +153,23 @@ def holds_private_key(path: Path, st: os.stat_result) -> bool:
     return _PRIVATE_KEY.search(head) is not None
 
 
+@functools.cache
+def _secret_rules() -> IgnoreRules:
+    return IgnoreRules(SECRET_PATTERNS)  # compiled when first needed, not at start-up
+
+
+def _secret_rule(rel: str, is_dir: bool) -> str | None:
+    rule = _secret_rules().match(rel, is_dir)
+    return None if rule is None else f"matches the secret pattern {rule.pattern}"
+
+
 def secret_reason(rel: str, is_dir: bool) -> str | None:
-    """Which secret pattern a relative path (or one of its parent folders) matches, or None."""
+    """Which secret pattern a relative path or one of its parent folders matches, or None."""
     parts = rel.split("/")
     for depth in range(1, len(parts) + 1):
-        prefix = "/".join(parts[:depth])
-        rule = _SECRET_RULES.match(prefix, is_dir or depth < len(parts))
-        if rule is not None:
-            return f"matches the secret pattern {rule.pattern}"
+        reason = _secret_rule("/".join(parts[:depth]), is_dir or depth < len(parts))
+        if reason is not None:
+            return reason
     return None
 
 
@@ -202,7 +214,8 @@ class _Walk:
             return False
         if not self.filter_secrets:
             return True
-        reason = secret_reason(rel, is_dir)
+        # The parent folders were checked on the way down: only the entry itself is new.
+        reason = _secret_rule(rel, is_dir)
         if reason is None and path.is_symlink():  # a link named innocently to a secret place
             reason = secret_reason(os.path.realpath(path).lstrip("/"), is_dir)
         if reason is None and not is_dir:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ssh_scheduler.forward import human_bytes
 from tests.cluster import Cluster, Host
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,8 +61,16 @@ def home_like_folder(root: Path) -> dict[str, bytes]:
     for rel, data in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_bytes(data)
-    (root / "b.sh").write_text("find . -type f | sort > listing.txt\n")
+    (root / "b.sh").write_text("find . -type f ! -name listing.txt | sort > listing.txt\n")
     return files
+
+
+def sendable(root: Path, files: dict[str, bytes]) -> str:
+    """How --dry-run and the size stop describe what may be sent: the four files that are
+    neither secret nor ignored."""
+    total = sum(len(files[r]) for r in ("train.py", "data/big.bin", ".sshschedulerignore"))
+    total += len((root / "b.sh").read_bytes())
+    return f"4 files, {human_bytes(total)}"
 
 
 def test_the_default_copy_sends_no_secret(cluster4: Cluster, tmp_path: Path) -> None:
@@ -72,9 +81,7 @@ def test_the_default_copy_sends_no_secret(cluster4: Cluster, tmp_path: Path) -> 
     dry = run_batch(tmp_path, "b.sh", *machine, "--dry-run")
     assert dry.returncode == 0, dry.stderr
     line = next(x for x in dry.stdout.splitlines() if x.startswith("copy forward (.): "))
-    sent_bytes = sum(len(files[r]) for r in ("train.py", "data/big.bin", ".sshschedulerignore"))
-    sent_bytes += len((tmp_path / "b.sh").read_bytes())
-    assert f"4 files, 293.0 KiB ({sent_bytes} bytes); largest: data (293.0 KiB)" in line, line
+    assert f"{sendable(tmp_path, files)} (" in line and "; largest: data (293.0 KiB), b.sh" in line, line
     assert "withheld as secrets: .aws, .netrc, .ssh, old/deploy_key" in line, line
     assert not (tmp_path / "job_results").exists()
 
@@ -97,7 +104,7 @@ def test_a_big_default_copy_stops_before_anything_is_sent(cluster4: Cluster, tmp
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
-    assert "the default copy forward (.) would send 4 files, 293.0 KiB" in lines[0]
+    assert f"the default copy forward (.) would send {sendable(tmp_path, files)} to every host" in lines[0]
     assert "largest: data (293.0 KiB)" in lines[0] and "--yes-copy-all" in lines[0]
     assert digests_on(host) == before and not (tmp_path / "job_results").exists()
 
