@@ -124,19 +124,26 @@ class Hasher:
     """Hashes local files once per batch (keyed by path, size and mtime)."""
 
     def __init__(self) -> None:
-        self._memo: dict[tuple[str, int, int], str] = {}
+        self._memo: dict[tuple[str, int, int], tuple[str, bool]] = {}
 
     def digest(self, path: Path, st: os.stat_result) -> str:
+        return self.inspect(path, st)[0]
+
+    def inspect(self, path: Path, st: os.stat_result) -> tuple[str, bool]:
+        """(sha256, whether the file holds a private key): one read serves both."""
         memo_key = (str(path), st.st_size, st.st_mtime_ns)
-        cached = self._memo.get(memo_key)
-        if cached is None:
+        found = self._memo.get(memo_key)
+        if found is None:
             h = hashlib.sha256()
+            head = b""
             with open(path, "rb") as f:
                 while block := f.read(1 << 20):
+                    head = head or block
                     h.update(block)
-            cached = h.hexdigest()
-            self._memo[memo_key] = cached
-        return cached
+            is_key = st.st_size <= KEY_SCAN_BYTES and _PRIVATE_KEY.search(head) is not None
+            found = (h.hexdigest(), is_key)
+            self._memo[memo_key] = found
+        return found
 
 
 # --- secrets -------------------------------------------------------------------------------------
@@ -209,24 +216,19 @@ class _Walk:
     filter_secrets: bool
     withheld: list[str]
 
-    def keep(self, rel: str, path: Path, is_dir: bool) -> bool:
+    def keep(self, rel: str, is_dir: bool) -> bool:
+        """Not ignored, and not a secret by its name (a link's target and the content are
+        checked by :func:`collect_forward`, which reads the entry anyway)."""
         if self.ignore.ignored(rel, is_dir):
             return False
-        if not self.filter_secrets:
-            return True
         # The parent folders were checked on the way down: only the entry itself is new.
-        reason = _secret_rule(rel, is_dir)
-        if reason is None and path.is_symlink():  # a link named innocently to a secret place
-            reason = secret_reason(os.path.realpath(path).lstrip("/"), is_dir)
-        if reason is None and not is_dir:
-            try:
-                reason = "holds a private key" if holds_private_key(path, path.stat()) else None
-            except OSError:
-                reason = None
-        if reason is not None:
-            log.info("copy forward: withholding %s (%s)", rel, reason)
-            self.withheld.append(rel)
+        return not self.withhold(rel, _secret_rule(rel, is_dir))
+
+    def withhold(self, rel: str, reason: str | None) -> bool:
+        if reason is None or not self.filter_secrets:
             return False
+        log.info("copy forward: withholding %s (%s)", rel, reason)
+        self.withheld.append(rel)
         return True
 
     def entries(self, top: Path, top_rel: str) -> Iterator[tuple[Path, str]]:
@@ -245,12 +247,12 @@ class _Walk:
             dirnames[:] = sorted(
                 d
                 for d in dirnames
-                if d not in self.excluded and self.keep(rel_of(d), here / d, is_dir=True)
+                if d not in self.excluded and self.keep(rel_of(d), is_dir=True)
             )
             if prefix:
                 yield here, prefix
             for name in sorted(filenames):
-                if self.keep(rel_of(name), here / name, is_dir=False):
+                if self.keep(rel_of(name), is_dir=False):
                     yield here / name, rel_of(name)
 
 
@@ -285,14 +287,25 @@ def collect_forward(
         # A secret the user named and allowed is sent whole; everything else is filtered.
         walk.filter_secrets = named_secret is None
         for local, rel in walk.entries(top, top_rel):
-            st = local.stat()
+            st = os.lstat(local)
+            if stat.S_ISLNK(st.st_mode):
+                # A file linked under an innocent name to a secret place is still a secret.
+                if walk.withhold(rel, secret_reason(os.path.realpath(local).lstrip("/"), False)):
+                    continue
+                try:
+                    st = os.stat(local)
+                except OSError:
+                    continue  # a dangling link: nothing to send
             if stat.S_ISDIR(st.st_mode):
                 dirs.add(rel)
                 continue
             if not stat.S_ISREG(st.st_mode):
                 continue
+            digest, is_key = hasher.inspect(local, st)
+            if walk.withhold(rel, "holds a private key" if is_key else None):
+                continue
             executable = "x" if st.st_mode & 0o111 else "r"
-            files[rel] = LocalFile(rel, local, f"{hasher.digest(local, st)}-{executable}", st.st_size)
+            files[rel] = LocalFile(rel, local, f"{digest}-{executable}", st.st_size)
     dirs.discard(".")
     return ForwardSet(
         tuple(sorted(files.values(), key=lambda f: f.rel)),

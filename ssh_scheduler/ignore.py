@@ -125,18 +125,33 @@ def compile_pattern(line: str) -> IgnoreRule | None:
     return IgnoreRule(text, re.compile("".join(regex), re.DOTALL), negate, dir_only)
 
 
+def _union(rules: list[IgnoreRule]) -> re.Pattern[str] | None:
+    if not rules:
+        return None
+    return re.compile("|".join(f"(?:{r.regex.pattern})" for r in rules), re.DOTALL)
+
+
 class IgnoreRules:
     """An ordered list of patterns; :meth:`ignored` applies them as git does."""
 
     def __init__(self, lines: Iterable[str] = ()) -> None:
         rules = (compile_pattern(line) for line in lines)
         self.rules: tuple[IgnoreRule, ...] = tuple(r for r in rules if r is not None)
+        # Most paths match no rule: one combined regex per kind says so in a single match,
+        # instead of one match per rule (a 10,000-file walk times 30 patterns).
+        self._any = {
+            is_dir: _union([r for r in self.rules if is_dir or not r.dir_only])
+            for is_dir in (False, True)
+        }
 
     def __bool__(self) -> bool:
         return bool(self.rules)
 
     def match(self, rel: str, is_dir: bool) -> IgnoreRule | None:
         """The last rule matching ``rel`` (a posix path relative to the rules' folder)."""
+        quick = self._any[is_dir]
+        if quick is None or quick.fullmatch(rel) is None:
+            return None
         for rule in reversed(self.rules):
             if rule.dir_only and not is_dir:
                 continue
