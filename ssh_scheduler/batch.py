@@ -53,8 +53,9 @@ MAX_JOB_NAME_BYTES = 200
 RESULT_SUFFIXES: tuple[str, ...] = (".out", ".err")
 """Files written next to a job's result folder: ``job_results/<name><suffix>``."""
 
-RESERVED_NAMES = frozenset({".journal.jsonl"})
-"""The scheduler's own files in ``job_results/``; no job may be called this (any case)."""
+RESERVED_NAMES = frozenset({".journal.jsonl", ".lock", ".failed"})
+"""The scheduler's own names in ``job_results/`` (the journal, the run's lock file, the folder
+``--retry-failed`` keeps old attempts in); no job may be called so (any case)."""
 
 RESERVED_PREFIXES: tuple[str, ...] = (".partial-",)
 """Prefixes of the scheduler's staging folders in ``job_results/``; no job name may start so."""

@@ -17,6 +17,7 @@ from .allocate import Needs
 from .batch import Job
 from .errors import ConfigError
 from .events import Ended, Event, EventBus, JobFailed, JobFinished, JobSkipped
+from .forward import ForwardPolicy
 from .journal import JobState, batch_token, last_states
 from .policy import HaltPolicy, Resumable, changed_commands, in_flight
 from .runner import DEFAULT_LEASE
@@ -45,6 +46,8 @@ class BatchOptions:
     timeout: float | None = None
     halt: HaltPolicy = HaltPolicy()
     quarantine_after: int = 3
+    forward: ForwardPolicy = ForwardPolicy()
+    """What the copy forward may send (secrets, paths outside, size)."""
     echo_output: bool = False
     """Also copy every job's output to this process's stdout/stderr as it arrives."""
 

@@ -156,6 +156,11 @@ def execute_batch(
     timeout: Annotated[float | None, typer.Option("--timeout", help="seconds a job may run before its processes are killed")] = None,
     halt: HaltOpt = None,
     keepalive: KeepaliveOpt = None,
+    yes_copy_all: Annotated[bool, typer.Option("--yes-copy-all", help="send the default copy forward (.) even above --forward-max-bytes/--forward-max-files")] = False,
+    forward_max_bytes: Annotated[int | None, typer.Option("--forward-max-bytes", help="the default copy forward (.) stops above this many bytes (default 1 GiB)")] = None,
+    forward_max_files: Annotated[int | None, typer.Option("--forward-max-files", help="the default copy forward (.) stops above this many files (default 10000)")] = None,
+    allow_secret_copies: Annotated[bool, typer.Option("--allow-secret-copies", help="send secret paths you name (.ssh, .aws, private keys...); a walk still withholds them")] = False,
+    allow_outside_copies: Annotated[bool, typer.Option("--allow-outside-copies", help="let --commands lines copy paths outside the batch's folder")] = False,
 ) -> None:
     """Run every line of BATCH_FILE as a job, placed where its needs fit.
 
@@ -163,6 +168,7 @@ def execute_batch(
     """
     from .batch import parse_batch
     from .config import load_machines, local_machine
+    from .forward import DEFAULT_MAX_BYTES, DEFAULT_MAX_FILES, ForwardPolicy
     from .policy import parse_halt
     from .scheduler import Batch, BatchOptions
     from .transfer import CopyLimits
@@ -195,6 +201,13 @@ def execute_batch(
             timeout=timeout,
             halt=parse_halt(halt),
             keepalive=keepalive,
+            forward=ForwardPolicy(
+                allow_secrets=allow_secret_copies,
+                allow_outside=allow_outside_copies,
+                confirmed=yes_copy_all or bool(copy_forwards),
+                max_bytes=DEFAULT_MAX_BYTES if forward_max_bytes is None else forward_max_bytes,
+                max_files=DEFAULT_MAX_FILES if forward_max_files is None else forward_max_files,
+            ),
         )
         batch = Batch(jobs, hosts, options, out=out_line, err=err_line)
         summary = run_async(batch.run, batch.request_stop)

@@ -3,13 +3,17 @@
 Each change is one JSON line written straight to the OS (``write`` + no user-space buffer), so a
 killed coordinator loses nothing it recorded; ``fsync`` is grouped (at most once per
 ``FSYNC_EVERY`` seconds and at close), since a per-event fsync would cap the batch's job rate.
-On reading, a torn last line (a crash mid-write) is ignored.
+On reading, a line that is not JSON is a write torn by a crash and is ignored (a rerun appends
+after it, so it need not be the last line).  A line that *is* JSON is checked like any input
+(:func:`entry_problem`): the batch token names files and sockets on the hosts, so a hand-edited
+or planted journal must not steer them; a bad entry is one error naming the file and line.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +21,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from .errors import ConfigError, plain_text, show_value
 from .events import (
     BatchStarted,
     Event,
@@ -31,8 +36,8 @@ from .events import (
 
 JOURNAL_NAME = ".journal.jsonl"
 FSYNC_EVERY = 1.0
-
-
+TOKEN_FORMAT = re.compile(r"[0-9a-f]{16}")
+"""A batch token: ``secrets.token_hex(8)``, as the scheduler makes it."""
 class JobState(StrEnum):
     """The ``state`` of a journal line (``BATCH`` lines carry the batch token, job ``""``)."""
 
@@ -48,6 +53,65 @@ class JobState(StrEnum):
 
 IN_FLIGHT = frozenset({JobState.PLACED, JobState.STARTED})
 """States an earlier coordinator may have left running on a host."""
+
+
+KNOWN_STATES = frozenset(state.value for state in JobState)
+MAX_GPUS = 256  # entries in one job's GPU list, and the largest index + 1
+MAX_TEXT = 100_000  # characters in a recorded command or name
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _gpu_list(value: object) -> bool:
+    return (
+        isinstance(value, list)
+        and len(value) <= MAX_GPUS
+        and all(_whole(g) and 0 <= g < MAX_GPUS for g in value)
+    )
+
+
+def _host_name(value: object) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= 255 and value.isprintable()
+
+
+def _text(value: object) -> bool:
+    return isinstance(value, str) and len(value) <= MAX_TEXT and "\x00" not in value
+
+
+_FIELD_CHECKS: dict[str, tuple[Any, str]] = {
+    "t": (_number, "a time in seconds"),
+    "job": (_text, "a job name"),
+    "token": (lambda v: isinstance(v, str) and TOKEN_FORMAT.fullmatch(v), "16 lowercase hex digits"),
+    "host": (_host_name, "a machine name"),
+    "gpus": (_gpu_list, f"a list of GPU indices from 0 to {MAX_GPUS - 1}"),
+    "command": (_text, "a command"),
+    "code": (lambda v: v is None or _whole(v), "an exit status or null"),
+    "timed_out": (lambda v: isinstance(v, bool), "true or false"),
+}
+
+
+def entry_problem(entry: object) -> str | None:
+    """What is wrong with one parsed journal line, or None."""
+    if not isinstance(entry, dict):
+        return "is not a JSON object"
+    state = entry.get("state")
+    if state not in KNOWN_STATES:
+        return f"has the unknown state {show_value(state, 40)}"
+    if not isinstance(entry.get("job"), str):
+        return "has no job name"
+    if state == "batch" and "token" not in entry:
+        return "records a batch without its token"
+    for key, value in entry.items():
+        check = _FIELD_CHECKS.get(key)
+        if check is not None and not check[0](value):
+            return f"'{key}' must be {check[1]}, got {show_value(value, 60)}"
+    return None
 
 
 class Journal:
@@ -110,13 +174,20 @@ def read_journal(results_dir: Path) -> list[dict[str, Any]]:
     except FileNotFoundError:
         return []
     entries = []
-    for line in data.split(b"\n"):
+    for number, line in enumerate(data.split(b"\n"), start=1):
         if not line:
             continue
         try:
-            entries.append(json.loads(line))
+            entry = json.loads(line)
         except ValueError:
             continue  # a torn line from a crash mid-write
+        problem = entry_problem(entry)
+        if problem is not None:
+            raise ConfigError(
+                f"{plain_text(str(path))} line {number} {problem}; the journal is not as "
+                f"ssh_scheduler wrote it: fix or delete that line, or use another --results-dir"
+            )
+        entries.append(entry)
     return entries
 
 

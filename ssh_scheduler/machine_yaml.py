@@ -87,6 +87,9 @@ class Machine:
     max_sessions: int = DEFAULT_MAX_SESSIONS
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     forward_agent: bool = False
+    legacy_algorithms: bool = False
+    """Also offer SHA-1 key exchange, ``ssh-rsa`` signatures, ``hmac-sha1`` and ``umac-64``
+    (an old host that speaks nothing newer)."""
     is_local: bool = False
     """The coordinator's own machine, run without SSH."""
     source: str = ""
@@ -181,6 +184,7 @@ MACHINE_KEYS: dict[str, str] = {
     "max_sessions": f"most ssh sessions at once, default {DEFAULT_MAX_SESSIONS}",
     "connect_timeout": f"seconds to wait for a connection, default {DEFAULT_CONNECT_TIMEOUT:g}",
     "forward_agent": "true to forward the ssh agent, default false",
+    "legacy_algorithms": "true to allow SHA-1 and other legacy SSH algorithms, default false",
     "proxy_jump": "a jump host, like user@bastion:22",
 }
 """Every key a machine YAML may have, with a short description (used in messages)."""
@@ -437,15 +441,14 @@ def parse_machine_yaml(text: str, *, source: str, base_dir: Path | None = None) 
             )
         connect_timeout = float(raw_timeout)
 
-    forward_agent = False
-    raw_forward = given("forward_agent")
-    if raw_forward is not None:
-        if not isinstance(raw_forward, bool):
-            raise ConfigError(
-                f"{at('forward_agent')}: 'forward_agent' must be true or false, got "
-                f"{_show(raw_forward)}"
-            )
-        forward_agent = raw_forward
+    def flag(key: str) -> bool:
+        raw = given(key)
+        if raw is not None and not isinstance(raw, bool):
+            raise ConfigError(f"{at(key)}: '{key}' must be true or false, got {_show(raw)}")
+        return bool(raw)
+
+    forward_agent = flag("forward_agent")
+    legacy_algorithms = flag("legacy_algorithms")
 
     proxy_jump: str | None = None
     raw_jump = given("proxy_jump")
@@ -464,6 +467,7 @@ def parse_machine_yaml(text: str, *, source: str, base_dir: Path | None = None) 
         max_sessions=max_sessions,
         connect_timeout=connect_timeout,
         forward_agent=forward_agent,
+        legacy_algorithms=legacy_algorithms,
         source=source,
     )
 

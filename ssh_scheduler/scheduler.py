@@ -39,6 +39,7 @@ from .events import (
     Notice,
 )
 from .executors import Executor, open_executor, probe_only
+from .forward import check_forward_size, check_job_copies, describe_forward
 from .jobrun import JobRun, JobSpec, OutputFiles, job_environment
 from .journal import Journal, JournalWriter
 from .plan import (
@@ -55,6 +56,7 @@ from .plan import (
     StartJob,
     StopBatch,
 )
+from .results_folder import hold_results_folder, refuse_planted_links
 from .terminal import Printer, TerminalLines
 from .transfer import ForwardSet, Hasher, collect_forward
 
@@ -108,13 +110,20 @@ class Batch:
     # -- public --------------------------------------------------------------------------------
 
     async def run(self) -> BatchSummary:
+        # One run per results folder: two would both run every job and fail each other's results.
+        with hold_results_folder(self.options.results_dir, create=not self.options.dry_run):
+            return await self._run()
+
+    async def _run(self) -> BatchSummary:
         self._main = asyncio.current_task()
         options = self.options
+        check_job_copies(self.jobs, options.base_dir, options.forward)
         selection = select_jobs(self.jobs, options, self.bus)
         self.token = selection.token
         if not selection.pending:
             self.bus.publish(Notice(level="info", message="nothing to do: every job already has results"))
             return self._finish(None)
+        refuse_planted_links(options.results_dir, (job.name for job in selection.pending))
         planner = self.planner = Planner(
             selection.pending,
             [(m.name, m.source or m.name) for m in self.machines.values()],
@@ -122,9 +131,13 @@ class Batch:
             resumable=selection.resumable,
             already_done=selection.already_done,
         )
-        self.forward_sets[options.copy_forwards] = await asyncio.to_thread(
-            collect_forward, options.copy_forwards, options.base_dir, self.hasher
+        forward = self.forward_sets[options.copy_forwards] = await asyncio.to_thread(
+            self._collect, options.copy_forwards
         )
+        if options.dry_run:
+            self.bus.publish(Notice(level="info", message=describe_forward(forward, options.copy_forwards, options.forward)))
+        else:
+            check_forward_size(forward, options.copy_forwards, options.forward)
         try:
             await self._start_hosts()
             actions = planner.begin(self.token)
@@ -357,9 +370,12 @@ class Batch:
         key = job.copy_forwards if job.copy_forwards is not None else self.options.copy_forwards
         found = self.forward_sets.get(key)
         if found is None:
-            found = collect_forward(key, self.options.base_dir, self.hasher)
+            found = self._collect(key)
             self.forward_sets[key] = found
         return found
+
+    def _collect(self, paths: tuple[str, ...]) -> ForwardSet:
+        return collect_forward(paths, self.options.base_dir, self.hasher, policy=self.options.forward)
 
     async def _job(self, start: StartJob) -> None:
         """One attempt of one job, from staging to its final state."""

@@ -16,106 +16,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import os
-import posixpath
 import secrets
 import shutil
-import stat
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import TransferError, TransportError
+
+# The walk, secrets, ignore file and size check live in the pure module forward; these names
+# stay importable from here.
+from .forward import DEFAULT_EXCLUDES as DEFAULT_EXCLUDES
+from .forward import ForwardSet as ForwardSet
+from .forward import Hasher as Hasher
+from .forward import LocalFile as LocalFile
+from .forward import collect_forward as collect_forward
 from .runner import HostSession
 from .transport import RemoteFileError, SizeLimitExceeded, printable
 
-# Never worth sending: results, VCS data, virtualenvs (paths are host-specific) and caches.
-DEFAULT_EXCLUDES = frozenset({"job_results", ".git", ".venv", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache"})
 UPLOAD_CONCURRENCY = 4
 MAX_WARNINGS = 50  # per job: a host sending 10^5 bad names must not flood the terminal
-
-
-@dataclass(frozen=True, slots=True)
-class LocalFile:
-    rel: str  # path inside the job directory (posix)
-    path: Path  # where it is here
-    key: str  # cache key on the host: content hash and executable bit
-    size: int
-
-
-@dataclass(frozen=True, slots=True)
-class ForwardSet:
-    files: tuple[LocalFile, ...]
-    dirs: tuple[str, ...]
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(f.size for f in self.files)
-
-
-class Hasher:
-    """Hashes local files once per batch (keyed by path, size and mtime)."""
-
-    def __init__(self) -> None:
-        self._memo: dict[tuple[str, int, int], str] = {}
-
-    def digest(self, path: Path, st: os.stat_result) -> str:
-        memo_key = (str(path), st.st_size, st.st_mtime_ns)
-        cached = self._memo.get(memo_key)
-        if cached is None:
-            h = hashlib.sha256()
-            with open(path, "rb") as f:
-                while block := f.read(1 << 20):
-                    h.update(block)
-            cached = h.hexdigest()
-            self._memo[memo_key] = cached
-        return cached
-
-
-def collect_forward(
-    paths: Sequence[str], base: Path, hasher: Hasher, excludes: Iterable[str] = DEFAULT_EXCLUDES
-) -> ForwardSet:
-    """Walk the paths to send (relative to ``base``), following no symlinked directory."""
-    excluded = set(excludes)
-    files: dict[str, LocalFile] = {}
-    dirs: set[str] = set()
-    for given in paths:
-        top = (base / given).resolve() if not os.path.isabs(given) else Path(given)
-        if not top.exists():
-            raise TransferError(f"--copy-forwards: {given} does not exist (relative to {base})")
-        try:
-            top_rel = top.relative_to(base.resolve())
-        except ValueError:
-            top_rel = Path(top.name)
-        for local, rel in _walk_local(top, top_rel, excluded):
-            st = local.stat()
-            if stat.S_ISDIR(st.st_mode):
-                dirs.add(rel)
-                continue
-            if not stat.S_ISREG(st.st_mode):
-                continue
-            executable = "x" if st.st_mode & 0o111 else "r"
-            key = f"{hasher.digest(local, st)}-{executable}"
-            files[rel] = LocalFile(rel, local, key, st.st_size)
-    return ForwardSet(tuple(sorted(files.values(), key=lambda f: f.rel)), tuple(sorted(dirs)))
-
-
-def _walk_local(top: Path, top_rel: Path, excluded: set[str]) -> Iterable[tuple[Path, str]]:
-    rel_top = top_rel.as_posix()
-    if top.is_file():
-        yield top, rel_top
-        return
-    for dirpath, dirnames, filenames in os.walk(top):
-        dirnames[:] = sorted(d for d in dirnames if d not in excluded)
-        here = Path(dirpath)
-        rel_dir = here.relative_to(top)
-        prefix = (top_rel / rel_dir).as_posix()
-        if prefix not in (".", ""):
-            yield here, prefix
-        for name in sorted(filenames):
-            rel = posixpath.normpath(f"{prefix}/{name}") if prefix not in (".", "") else name
-            yield here / name, rel
 
 
 class HostCache:

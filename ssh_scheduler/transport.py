@@ -45,6 +45,8 @@ PREFERRED_CIPHERS = (
     "aes128-ctr",
 )
 CHUNK = 256 * 1024
+LEGACY_KEY = "legacy_algorithms"
+"""The machine YAML key that lets a host use SHA-1 and other legacy algorithms."""
 
 
 def printable(text: object, limit: int = 300) -> str:
@@ -607,6 +609,54 @@ def _jump_chain(machine: Machine) -> list[Machine]:
     return chain[::-1]
 
 
+def algorithm_options(machine: Machine) -> dict[str, Any]:
+    """The key exchange, host key, signature and MAC algorithms asyncssh may use.
+
+    Modern only by default: no SHA-1 key exchange (``*-sha1``), no ``ssh-rsa`` (SHA-1) host key
+    or user signatures, no ``hmac-sha1`` or ``umac-64`` (64-bit tags) and no MD5 MACs, which
+    OpenSSH has not offered by default since 8.8.  asyncssh still enables several of them, so
+    its defaults are filtered here.  ``legacy_algorithms: true`` keeps asyncssh's defaults and
+    adds the oldest SHA-1 key exchanges, for a host that speaks nothing newer.
+    """
+    from asyncssh.kex import get_default_kex_algs
+    from asyncssh.mac import get_default_mac_algs
+    from asyncssh.public_key import get_default_public_key_algs
+
+    if machine.legacy_algorithms:
+        return {"kex_algs": "+diffie-hellman-group14-sha1,diffie-hellman-group-exchange-sha1,diffie-hellman-group1-sha1"}
+
+    def names(algs: list[bytes]) -> list[str]:
+        return [alg.decode("ascii") for alg in algs]
+
+    weak_macs = (b"hmac-sha1", b"umac-64", b"hmac-md5")
+    return {
+        "kex_algs": names([a for a in get_default_kex_algs() if not a.endswith(b"-sha1")]),
+        "mac_algs": names([a for a in get_default_mac_algs() if not a.startswith(weak_macs)]),
+        "signature_algs": names(
+            [a for a in get_default_public_key_algs() if a not in (b"ssh-rsa", b"ssh-dss")]
+        ),
+        # A '-' list removes from asyncssh's default, which is the key types known_hosts
+        # records for this host: only those are offered (a changed key type is then noticed).
+        "server_host_key_algs": "-ssh-rsa,ssh-rsa-cert-v01@openssh.com",
+    }
+
+
+def _negotiation_hint(machine: Machine, reason: str) -> str:
+    """What to say when the handshake failed and legacy algorithms might be why."""
+    if machine.legacy_algorithms:
+        return ""
+    where = f" in {machine.source}" if machine.source else ""
+    if "No matching" in reason:
+        return (
+            f"; the host offers only legacy algorithms (SHA-1 key exchange, ssh-rsa, hmac-sha1 or "
+            f"umac-64), refused by default: if you trust it, set `{LEGACY_KEY}: true`{where}"
+        )
+    return (
+        f"; if the host offers only legacy algorithms (SHA-1 key exchange, ssh-rsa, hmac-sha1, "
+        f"umac-64), they are refused by default: set `{LEGACY_KEY}: true`{where} to allow them"
+    )
+
+
 class SSHTransport:
     """One asyncssh connection to one host, shared by everything that talks to it."""
 
@@ -645,6 +695,7 @@ class SSHTransport:
             # per packet (measured: 187 vs 352 us per small round trip), and a batch is many
             # small packets.
             "encryption_algs": PREFERRED_CIPHERS,
+            **algorithm_options(machine),
         }
         if machine.user:
             options["username"] = machine.user
@@ -708,18 +759,26 @@ class SSHTransport:
             # none of them (its keys were regenerated as another type) hangs up in the key
             # exchange.  That is a changed key, not a network problem.
             await _refuse_if_key_changed(machine, known, tunnel)
+            # OpenSSH hangs up (a reset) when no host key type matches.
+            hint = _negotiation_hint(machine, getattr(exc, "reason", ""))
             if isinstance(exc, ConnectionResetError):
                 raise HostUnreachableError(
                     f"{describe(machine)}: {_os_reason(exc, machine.host, machine.port)}; check "
-                    f"the address and port, and that sshd runs"
+                    f"the address and port, and that sshd runs{hint}"
                 ) from None
-            raise TransportError(f"{describe(machine)}: {exc.reason}") from None
+            raise TransportError(f"{describe(machine)}: {exc.reason}{hint}") from None
         except asyncssh.PermissionDenied:
             keys = ", ".join(machine.key_paths) or "the ssh-agent and ~/.ssh/id_*"
             hint = ""
             if left_to_agent:
                 added = " ".join(shlex.quote(p) for p in left_to_agent)
                 hint = f"; a passphrase-protected key must be in the ssh-agent: ssh-add {added}"
+            rsa = [k for k in options.get("client_keys") or () if k.algorithm == b"ssh-rsa"]
+            if rsa and not machine.legacy_algorithms:
+                hint += (
+                    f"; RSA keys are signed with SHA-2 only: a host that accepts only ssh-rsa "
+                    f"(SHA-1) signatures needs `{LEGACY_KEY}: true` in {machine.source or 'its machine file'}"
+                )
             raise AuthenticationError(
                 f"{describe(machine)}: permission denied for the key(s) {keys}; "
                 f"check username and ssh_key_path, and that the public key is in the host's "
@@ -918,6 +977,7 @@ async def _open_jump_hosts(machine: Machine) -> list[Any]:
                         login_timeout=machine.connect_timeout,
                         keepalive_interval=KEEPALIVE_INTERVAL,
                         keepalive_count_max=KEEPALIVE_COUNT_MAX,
+                        **algorithm_options(machine),
                     ),
                     machine.connect_timeout + 5,
                 )

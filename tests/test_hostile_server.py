@@ -119,7 +119,7 @@ def outside_state() -> dict[str, bool]:
 
 def assert_only_job_changes(before: dict[str, str], after: dict[str, str], jobs: list[str]) -> None:
     """Everything new or changed under tmp_path belongs to one of the jobs' results."""
-    allowed_files = {"job_results", os.path.join("job_results", ".journal.jsonl")}
+    allowed_files = {"job_results", os.path.join("job_results", ".journal.jsonl"), os.path.join("job_results", ".lock")}
     for job in jobs:
         allowed_files |= {os.path.join("job_results", job + s) for s in (".out", ".err")}
     for rel, kind in after.items():

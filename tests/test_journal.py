@@ -11,13 +11,13 @@ from ssh_scheduler.policy import Resumable, changed_commands, in_flight
 
 def test_a_torn_last_line_is_ignored(tmp_path: Path) -> None:
     with Journal.open(tmp_path) as journal:
-        journal.record("", "batch", token="abc")
+        journal.record("", "batch", token="0123456789abcdef")
         journal.record("a", "started", host="h1", gpus=[1], command="echo a")
     with open(tmp_path / JOURNAL_NAME, "ab") as f:
         f.write(b'{"job":"a","state":"fini')  # the coordinator died mid-write
     entries = read_journal(tmp_path)
     assert [e["state"] for e in entries] == ["batch", "started"]
-    assert batch_token(tmp_path) == "abc"
+    assert batch_token(tmp_path) == "0123456789abcdef"
 
 
 def test_states_fold_and_keep_the_command(tmp_path: Path) -> None:

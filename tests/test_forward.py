@@ -1,0 +1,248 @@
+"""Copy forward, before anything is sent: gitignore patterns, secrets withheld, the size stop and
+the paths a ``--commands`` line may copy (pure: plain folders, no SSH)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from ssh_scheduler.batch import parse_batch
+from ssh_scheduler.errors import TransferError
+from ssh_scheduler.forward import (
+    ForwardPolicy,
+    Hasher,
+    check_forward_size,
+    check_job_copies,
+    collect_forward,
+    describe_forward,
+)
+from ssh_scheduler.ignore import IgnoreRules, compile_pattern
+
+FAKE_KEY = b"-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----\n"
+
+# --- gitignore patterns (expected values checked against `git check-ignore --no-index`) ----------
+
+IGNORE_CASES = [
+    # (patterns, path, is_dir, ignored)
+    (["*.log"], "x.log", False, True),
+    (["*.log"], "d/e/x.log", False, True),
+    (["*.log"], "x.logs", False, False),
+    (["*.log", "!keep.log"], "keep.log", False, False),
+    (["*.log", "!keep.log"], "d/keep.log", False, False),
+    (["*.log", "!keep.log"], "d/other.log", False, True),
+    (["!keep.log", "*.log"], "keep.log", False, True),  # the last matching line wins
+    (["/build"], "build", True, True),
+    (["/build"], "s/build", True, False),  # leading '/': anchored
+    (["build/"], "build", True, True),
+    (["build/"], "build", False, False),  # trailing '/': folders only
+    (["build/"], "s/build", True, True),  # ...at any depth
+    (["doc/frotz/"], "doc/frotz", True, True),
+    (["doc/frotz/"], "x/doc/frotz", True, False),  # a middle '/' anchors too
+    (["d/*.txt"], "d/a.txt", False, True),
+    (["d/*.txt"], "e/d/a.txt", False, False),
+    (["a/*"], "a/c", False, True),
+    (["a/*"], "a/c/d", False, False),  # '*' never crosses '/' (a/c would be pruned first)
+    (["*/x"], "q/x", True, True),
+    (["*/x"], "x", True, False),
+    (["a/**/b"], "a/b", False, True),  # '/**/': zero folders...
+    (["a/**/b"], "a/x/y/b", False, True),  # ...or several
+    (["a/**/b"], "c/a/b", False, False),
+    (["**/foo"], "foo", False, True),
+    (["**/foo"], "q/r/foo", False, True),
+    (["abc/**"], "abc/x/y", False, True),  # '/**' at the end: everything inside
+    (["abc/**"], "abc", False, False),
+    (["**"], "any/thing", False, True),
+    (["a**b"], "aXb", False, True),  # '**' inside a segment is a plain '*'
+    (["a**b"], "aX/b", False, False),
+    (["foo?"], "foo1", False, True),
+    (["foo?"], "fooab", False, False),
+    (["foo?"], "foo/", False, False),
+    (["[a-c]x"], "bx", False, True),
+    (["[a-c]x"], "dx", False, False),
+    (["[!a-c]x"], "dx", False, True),
+    (["[!a-c]x"], "ax", False, False),
+    (["[^a-c]x"], "dx", False, True),
+    (["[]]z"], "]z", False, True),
+    (["[ab"], "[ab", False, True),  # an unclosed '[' is a literal
+    (["\\#hash"], "#hash", False, True),
+    (["#hash"], "#hash", False, False),  # a comment
+    (["\\!bang"], "!bang", False, True),
+    (["sp "], "sp", False, True),  # trailing spaces dropped...
+    (["sp\\ "], "sp ", False, True),  # ...unless escaped
+    (["sp\\ "], "sp", False, False),
+    (["a\\*b"], "a*b", False, True),
+    (["a\\*b"], "axb", False, False),
+    (["", "# comment", "   "], "x", False, False),
+]
+
+
+@pytest.mark.parametrize(("patterns", "path", "is_dir", "ignored"), IGNORE_CASES)
+def test_gitignore_patterns(patterns: list[str], path: str, is_dir: bool, ignored: bool) -> None:
+    assert IgnoreRules(patterns).ignored(path, is_dir) is ignored
+
+
+def test_negation_names_the_rule_that_decided() -> None:
+    rules = IgnoreRules(["data/*", "!data/keep.csv"])
+    rule = rules.match("data/keep.csv", False)
+    assert rule is not None and rule.negate and rule.pattern == "!data/keep.csv"
+    assert compile_pattern("# only a comment") is None
+    assert compile_pattern("!") is None
+
+
+# --- the walk -------------------------------------------------------------------------------------
+
+
+def _tree(root: Path, files: dict[str, bytes]) -> None:
+    for rel, data in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+
+def _sent(base: Path, paths: tuple[str, ...] = (".",), **policy: bool) -> set[str]:
+    forward = collect_forward(paths, base, Hasher(), policy=ForwardPolicy(**policy))
+    return {f.rel for f in forward.files}
+
+
+def test_default_copy_withholds_secrets(tmp_path: Path) -> None:
+    _tree(
+        tmp_path,
+        {
+            "train.py": b"print(1)\n",
+            ".ssh/id_ed25519": FAKE_KEY,
+            ".ssh/config": b"Host x\n",
+            ".gnupg/pubring.kbx": b"x",
+            ".aws/credentials": b"[default]\n",
+            ".kube/config": b"x",
+            ".netrc": b"machine x login y password z\n",
+            ".pgpass": b"*:*:*:*:pw\n",
+            ".docker/config.json": b"{}",
+            ".docker/buildx/current": b"x",
+            "sub/.config/gcloud/credentials.db": b"x",
+            "deploy/id_rsa": b"not even a key",
+            "certs/server.pem": b"Bag Attributes\n" + FAKE_KEY.replace(b"OPENSSH ", b"RSA "),
+            "certs/ca.pem": b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+            "renamed_key": FAKE_KEY,
+            "store.p12": b"x",
+            "src/app.py": b"KEY = '-----BEGIN RSA PRIVATE KEY-----'\n",  # not at a line start
+        },
+    )
+    forward = collect_forward((".",), tmp_path, Hasher())
+    sent = {f.rel for f in forward.files}
+    assert sent == {"train.py", ".docker/buildx/current", "certs/ca.pem", "src/app.py"}
+    assert set(forward.withheld) == {
+        ".ssh", ".gnupg", ".aws", ".kube", ".netrc", ".pgpass", ".docker/config.json",
+        "sub/.config/gcloud", "deploy/id_rsa", "certs/server.pem", "renamed_key", "store.p12",
+    }  # fmt: skip
+    line = describe_forward(forward, (".",), ForwardPolicy())
+    assert "withheld as secrets: " in line
+
+
+def test_a_symlink_to_a_key_is_withheld(tmp_path: Path) -> None:
+    secret_home = tmp_path / "home"
+    _tree(secret_home, {".ssh/deploy": b"opaque token, no key header"})
+    project = tmp_path / "project"
+    _tree(project, {"run.sh": b"true\n"})
+    (project / "token").symlink_to(secret_home / ".ssh" / "deploy")
+    assert _sent(project) == {"run.sh"}
+
+
+def test_named_secrets_are_refused_unless_allowed(tmp_path: Path) -> None:
+    _tree(tmp_path, {".ssh/id_ed25519": FAKE_KEY, ".ssh/id_ed25519.pub": b"ssh-ed25519 AAAA x\n",
+                     ".aws/credentials": b"x", "k.txt": FAKE_KEY})  # fmt: skip
+    for named in (".ssh", ".ssh/id_ed25519", ".aws/credentials", "k.txt", "./.ssh/../.aws"):
+        with pytest.raises(TransferError, match="--allow-secret-copies") as err:
+            _sent(tmp_path, (named,))
+        assert "\n" not in str(err.value)
+    # Allowed: the named secret is sent, whole.
+    assert _sent(tmp_path, (".aws",), allow_secrets=True) == {".aws/credentials"}
+    assert _sent(tmp_path, (".ssh",), allow_secrets=True) == {".ssh/id_ed25519", ".ssh/id_ed25519.pub"}
+    # A public key is not a secret, even from .ssh.
+    assert _sent(tmp_path, (".ssh/id_ed25519.pub",)) == {".ssh/id_ed25519.pub"}
+    # The flag lets named secrets through, never the ones a walk finds.
+    assert ".ssh/id_ed25519" not in _sent(tmp_path, (".",), allow_secrets=True)
+
+
+def test_ignore_file(tmp_path: Path) -> None:
+    _tree(
+        tmp_path,
+        {
+            ".sshschedulerignore": b"# big things\n/data/\n*.ckpt\n!best.ckpt\nlogs/**\n",
+            "data/a.bin": b"x",
+            "src/data/b.py": b"x",  # '/data/' is anchored: this one stays
+            "m/1.ckpt": b"x",
+            "m/best.ckpt": b"x",
+            "logs/x/y.txt": b"x",
+            "train.py": b"x",
+        },
+    )
+    assert _sent(tmp_path) == {".sshschedulerignore", "src/data/b.py", "m/best.ckpt", "train.py"}
+    # A path named explicitly is sent even when the ignore file matches it.
+    assert _sent(tmp_path, ("data",)) == {"data/a.bin"}
+
+
+def test_default_excludes_and_symlinked_folders_stay_home(tmp_path: Path) -> None:
+    _tree(tmp_path, {"job_results/x.out": b"x", ".git/HEAD": b"x", "a.py": b"x", "elsewhere/f": b"x"})
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "a.py").write_bytes(b"x")
+    (tmp_path / "proj" / "linked").symlink_to(tmp_path / "elsewhere")
+    assert _sent(tmp_path / "proj") == {"a.py"}
+    assert "job_results/x.out" not in _sent(tmp_path)
+
+
+# --- size -----------------------------------------------------------------------------------------
+
+
+def test_a_big_default_copy_stops_before_anything_is_sent(tmp_path: Path) -> None:
+    _tree(tmp_path, {f"data/{i}.bin": bytes(100) for i in range(30)} | {"train.py": b"x" * 10})
+    forward = collect_forward((".",), tmp_path, Hasher())
+    small = ForwardPolicy(max_bytes=1000)
+    with pytest.raises(TransferError) as err:
+        check_forward_size(forward, (".",), small)
+    message = str(err.value)
+    assert "31 files" in message and "data (2.9 KiB)" in message and "--yes-copy-all" in message
+    with pytest.raises(TransferError, match="--forward-max-files 10 files"):
+        check_forward_size(forward, (".",), ForwardPolicy(max_files=10))
+    # Confirmed, or named explicitly: sent.
+    check_forward_size(forward, (".",), ForwardPolicy(max_bytes=1000, confirmed=True))
+    check_forward_size(forward, ("data", "train.py"), small)
+    line = describe_forward(forward, (".",), small)
+    assert line.startswith("copy forward (.): 31 files, 2.9 KiB (3010 bytes); largest: data (2.9 KiB), train.py (10 bytes)")
+    assert "a run would stop" in line
+
+
+# --- --commands lines -----------------------------------------------------------------------------
+
+
+def _jobs(text: str) -> list:  # type: ignore[type-arg]
+    return parse_batch(text.encode(), "b.sh", commands_mode=True)
+
+
+def test_commands_lines_copy_only_inside_the_base(tmp_path: Path) -> None:
+    base = tmp_path / "proj"
+    _tree(base, {"in.txt": b"x", ".ssh/id_ed25519": FAKE_KEY})
+    _tree(tmp_path, {"outside/secret.txt": b"x"})
+    (base / "out_link").symlink_to(tmp_path / "outside")
+    os.symlink(tmp_path / "outside" / "secret.txt", base / "file_link")
+    cases = {
+        "--copy-forwards /etc/hostname 'cat hostname'": "is an absolute path",
+        "--copy-forwards ../outside 'ls'": "contains '..'",
+        "--copy-forwards in.txt ../../etc/hostname 'ls'": "contains '..'",
+        "--copy-forwards out_link 'ls'": "leads out of it through a symlink",
+        "--copy-forwards file_link 'ls'": "leads out of it through a symlink",
+        "--copy-backwards ../../x 'ls'": "contains '..'",
+        "--copy-backwards /tmp 'ls'": "is an absolute path",
+        "--copy-forwards .ssh/id_ed25519 'ls'": "--allow-secret-copies",
+    }
+    for line, reason in cases.items():
+        jobs = _jobs(f"--copy-forwards in.txt 'true'\n{line}\n")
+        with pytest.raises(TransferError) as err:
+            check_job_copies(jobs, base, ForwardPolicy())
+        message = str(err.value)
+        assert message.startswith("batch line 2 (job b.sh.2): "), message
+        assert reason in message and "\n" not in message
+    check_job_copies(_jobs("--copy-forwards in.txt 'true'\n--copy-backwards out 'true'\n"), base, ForwardPolicy())
+    allowed = _jobs("--copy-forwards ../outside /etc/hostname 'ls'\n")
+    check_job_copies(allowed, base, ForwardPolicy(allow_outside=True))

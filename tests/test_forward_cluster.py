@@ -1,0 +1,141 @@
+"""What a copy forward really sends to a host (issue 11): no key from a home-like folder, the size
+shown by --dry-run, a big default copy stopped before any byte leaves, hostile --commands copies
+refused before dispatch.  The host's whole work root is searched for the secrets' bytes, so the
+check holds whatever the cache layout."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from ssh_scheduler.forward import human_bytes
+from tests.cluster import Cluster, Host
+
+REPO = Path(__file__).resolve().parents[1]
+FAKE_KEY = (
+    b"-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ"
+    + os.urandom(8).hex().encode()
+    + b"\n-----END OPENSSH PRIVATE KEY-----\n"
+)
+
+
+def run_batch(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ssh_scheduler", "execute_batch", *args, "--no-gpu-required",
+         "--num-cpus", "0.1", "--memory-required", "10"],
+        cwd=cwd, env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+
+
+def digests_on(host: Host) -> set[str]:
+    """The sha256 of every file under the host's work root."""
+    found = set()
+    for dirpath, _dirs, files in os.walk(host.workdir):
+        for name in files:
+            path = Path(dirpath) / name
+            if path.is_file() and not path.is_symlink():
+                found.add(hashlib.sha256(path.read_bytes()).hexdigest())
+    return found
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def home_like_folder(root: Path) -> dict[str, bytes]:
+    files = {
+        ".ssh/id_ed25519": FAKE_KEY,
+        ".ssh/config": b"Host gpu1\n  User " + os.urandom(4).hex().encode() + b"\n",
+        ".aws/credentials": b"[default]\naws_secret_access_key=" + os.urandom(8).hex().encode() + b"\n",
+        ".netrc": b"machine x password " + os.urandom(8).hex().encode() + b"\n",
+        "old/deploy_key": FAKE_KEY.replace(b"OPENSSH", b"EC"),
+        "train.py": b"print('train " + os.urandom(4).hex().encode() + b"')\n",
+        "data/big.bin": os.urandom(300_000),
+        "scratch/tmp.bin": os.urandom(1000),
+        ".sshschedulerignore": b"scratch/\n",
+    }
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    (root / "b.sh").write_text("find . -type f ! -name listing.txt | sort > listing.txt\n")
+    return files
+
+
+def sendable(root: Path, files: dict[str, bytes]) -> str:
+    """How --dry-run and the size stop describe what may be sent: the four files that are
+    neither secret nor ignored."""
+    total = sum(len(files[r]) for r in ("train.py", "data/big.bin", ".sshschedulerignore"))
+    total += len((root / "b.sh").read_bytes())
+    return f"4 files, {human_bytes(total)}"
+
+
+def test_the_default_copy_sends_no_secret(cluster4: Cluster, tmp_path: Path) -> None:
+    host = cluster4[0]
+    files = home_like_folder(tmp_path)
+    machine = ["--machines", str(host.machine_file)]
+
+    dry = run_batch(tmp_path, "b.sh", *machine, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    line = next(x for x in dry.stdout.splitlines() if x.startswith("copy forward (.): "))
+    assert f"{sendable(tmp_path, files)} (" in line and "; largest: data (293.0 KiB), b.sh" in line, line
+    assert "withheld as secrets: .aws, .netrc, .ssh, old/deploy_key" in line, line
+    assert not (tmp_path / "job_results").exists()
+
+    result = run_batch(tmp_path, "b.sh", *machine)
+    assert result.returncode == 0, result.stderr
+    listing = (tmp_path / "job_results" / "b.sh.1" / "listing.txt").read_text().split()
+    assert listing == ["./.sshschedulerignore", "./b.sh", "./data/big.bin", "./train.py"]
+    on_host = digests_on(host)
+    assert sha(files["train.py"]) in on_host and sha(files["data/big.bin"]) in on_host  # it looked
+    for rel in (".ssh/id_ed25519", ".ssh/config", ".aws/credentials", ".netrc", "old/deploy_key", "scratch/tmp.bin"):
+        assert sha(files[rel]) not in on_host, f"{rel} reached the host"
+
+
+def test_a_big_default_copy_stops_before_anything_is_sent(cluster4: Cluster, tmp_path: Path) -> None:
+    host = cluster4[1]
+    files = home_like_folder(tmp_path)
+    before = digests_on(host)
+    machine = ["--machines", str(host.machine_file)]
+    result = run_batch(tmp_path, "b.sh", *machine, "--forward-max-bytes", "100000")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert f"the default copy forward (.) would send {sendable(tmp_path, files)} to every host" in lines[0]
+    assert "largest: data (293.0 KiB)" in lines[0] and "--yes-copy-all" in lines[0]
+    assert digests_on(host) == before and not (tmp_path / "job_results").exists()
+
+    named = run_batch(tmp_path, "b.sh", *machine, "--forward-max-bytes", "100000", "--copy-forwards", "b.sh", "train.py")
+    assert named.returncode == 0, named.stderr
+    assert sha(files["data/big.bin"]) not in digests_on(host)
+    confirmed = run_batch(tmp_path, "b.sh", *machine, "--forward-max-bytes", "100000", "--yes-copy-all", "--results-dir", "r2")
+    assert confirmed.returncode == 0, confirmed.stderr
+    assert sha(files["data/big.bin"]) in digests_on(host)
+
+
+def test_hostile_commands_copies_are_refused_before_dispatch(cluster4: Cluster, tmp_path: Path) -> None:
+    host = cluster4[2]
+    project = tmp_path / "project"
+    project.mkdir()
+    outside = tmp_path / "id_ed25519"
+    outside.write_bytes(FAKE_KEY)
+    (project / "b.sh").write_text(
+        "--copy-forwards b.sh 'true'\n"
+        f"--copy-forwards {outside} ../../../etc/hostname 'cat id_ed25519 hostname'\n"
+    )
+    before = digests_on(host)
+    machine = ["--machines", str(host.machine_file)]
+    result = run_batch(project, "b.sh", "--commands", *machine)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: batch line 2 (job b.sh.2): --copy-forwards ")
+    assert "is an absolute path" in lines[0] and "--allow-outside-copies" in lines[0]
+    assert result.stdout == "" and digests_on(host) == before
+    # Allowed outside, the key is still a secret.
+    allowed = run_batch(project, "b.sh", "--commands", *machine, "--allow-outside-copies")
+    assert allowed.returncode == 2 and "--allow-secret-copies" in allowed.stderr
+    assert digests_on(host) == before
