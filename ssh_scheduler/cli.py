@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -277,7 +278,7 @@ def combine_folders(
     from .combine import combine_folders as combine
 
     try:
-        report = combine(dest, sources, dry_run=dry_run)
+        report = combine(dest, sources, dry_run=dry_run, out=out_line, warn=err_line)
     except SchedulerError as exc:
         raise fail(exc) from None
     if not dry_run:
@@ -319,7 +320,24 @@ def route(name: str, args: list[str]) -> tuple[str, list[str]]:
     return name, args
 
 
+class _LowerLevel(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return f"{record.levelname.lower()}: {record.getMessage()}"
+
+
+def show_library_logs(level: int = logging.WARNING) -> None:
+    """Library modules log (logger ``ssh_scheduler``); on the command line their warnings
+    appear on stderr as ``warning: ...`` lines."""
+    logger = logging.getLogger("ssh_scheduler")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(_LowerLevel())
+        logger.addHandler(handler)
+        logger.setLevel(level)
+
+
 def run_app(app: typer.Typer, args: Sequence[str], prog_name: str) -> None:
+    show_library_logs()
     with quiet_on_broken_pipe():
         app(args=expand_multi_value(args), prog_name=prog_name)
 

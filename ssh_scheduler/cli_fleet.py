@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import Sequence
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -17,9 +17,29 @@ from .fleet import (
     FleetOptions,
     FleetResult,
     execute_to,
-    stderr_line,
     take_trailing_command,
 )
+
+
+def _write_line(stream: Any, line: str) -> None:
+    buffer = getattr(stream, "buffer", None)
+    if buffer is not None:  # raw bytes through, whatever the locale
+        stream.flush()
+        buffer.write(line.encode("utf-8", "surrogateescape") + b"\n")
+        buffer.flush()
+    else:
+        stream.write(line + "\n")
+        stream.flush()
+
+
+def stdout_line(line: str) -> None:
+    _write_line(sys.stdout, line)
+
+
+def stderr_line(line: str) -> None:
+    _write_line(sys.stderr, line)
+
+
 
 MachinesOpt = Annotated[
     list[str] | None,
@@ -84,4 +104,4 @@ def execute_to_command(
 
 def _run_cancellable(machines: Sequence[Machine], command: str, options: FleetOptions) -> FleetResult:
     """Ctrl-C / SIGTERM cancel the run: every channel closes, every transport too."""
-    return run_async(lambda: execute_to(machines, command, options))
+    return run_async(lambda: execute_to(machines, command, options, out=stdout_line, err=stderr_line))

@@ -23,12 +23,11 @@ import json
 import re
 import secrets
 import shlex
-import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from .config import Machine
 from .errors import ConfigError, SchedulerError
@@ -201,23 +200,8 @@ def json_line(r: HostResult) -> str:
 # --- output ----------------------------------------------------------------------------------
 
 
-def _write_line(stream: Any, line: str) -> None:
-    buffer = getattr(stream, "buffer", None)
-    if buffer is not None:  # raw bytes through, whatever the locale
-        stream.flush()
-        buffer.write(line.encode("utf-8", "surrogateescape") + b"\n")
-        buffer.flush()
-    else:
-        stream.write(line + "\n")
-        stream.flush()
-
-
-def stdout_line(line: str) -> None:
-    _write_line(sys.stdout, line)
-
-
-def stderr_line(line: str) -> None:
-    _write_line(sys.stderr, line)
+def _discard(line: str) -> None:
+    """No printer given: the library prints nothing itself (results are in the FleetResult)."""
 
 
 class _LineSplitter:
@@ -349,13 +333,13 @@ async def execute_to(
     err: LineSink | None = None,
 ) -> FleetResult:
     """Run ``command`` on every machine at once; print as ``options`` says to ``out``/``err``
-    (default: this process's stdout/stderr); return every host's result.
+    (default: nowhere); return every host's result.
 
     Only a problem that concerns the whole run raises (bad options, a copy-forward path that
     does not exist); each host's own failure is in its :class:`HostResult`.
     """
-    out = out or stdout_line
-    err = err or stderr_line
+    out = out or _discard
+    err = err or _discard
     if options.max_connections < 1:
         raise ConfigError("--max-connections must be at least 1")
     if options.timeout is not None and options.timeout <= 0:
