@@ -63,10 +63,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
 from types import MappingProxyType
 
 from ssh_scheduler.errors import ConfigError
+from ssh_scheduler.fit import choose, explain_unfit, gpu_needs_text, max_concurrent
+from ssh_scheduler.needs import (
+    DEFAULT_CPU_OVERLOAD,
+    EPS,
+    GPU_UTILIZATION_TOLERANCE,
+    Needs,
+    NeedsOverride,
+    NoFit,
+    OwnUsage,
+    Placement,
+    cpus_text,
+)
 from ssh_scheduler.probe import HostState
 
 __all__ = [
@@ -83,117 +94,8 @@ __all__ = [
     "max_concurrent",
 ]
 
-DEFAULT_CPU_OVERLOAD = 1.25
-"""CPUs are over-committed by this factor: hosts run well a little over capacity (as the ancestor
-tolerated a small overload)."""
-
-GPU_UTILIZATION_TOLERANCE = 0.05
-"""Utilization may add up to this much over a whole GPU: probes are noisy and two jobs at 0.5 on
-a GPU that shows 3 % from a monitoring process should still share it."""
-
-_EPS = 1e-9
-
-
-class NoFit(Exception):
-    """A job does not fit on a machine *now*: an expected scheduling outcome, not a user error.
-
-    Deliberately not a :class:`~ssh_scheduler.errors.SchedulerError`; a job that can *never*
-    fit is reported through :func:`explain_unfit` / ``UnsatisfiableError`` instead.
-    """
-
-
-@dataclass(frozen=True, slots=True)
-class Needs:
-    """What one job needs, from the ``execute_batch`` flags.
-
-    ``cpus`` (``--num-cpus``, cores), ``memory_mb`` (``--memory-required``, MiB), ``gpus``
-    (``--gpus-per-job``; 0 for ``--no-gpu-required``), ``gpu_memory_mb``
-    (``--gpu-memory-required``, MiB on *each* GPU), ``gpu_utilization`` (``--gpu-utilization``,
-    fraction of *each* GPU), ``reserve_machine`` (``--reserve``), ``reserve_gpu`` (False for
-    ``--no-reserve-gpu``).  The GPU fields mean nothing when ``gpus`` is 0.
-    """
-
-    cpus: float = 1.0
-    memory_mb: int = 1000
-    gpus: int = 1
-    gpu_memory_mb: int = 1000
-    gpu_utilization: float = 0.0
-    reserve_machine: bool = False
-    reserve_gpu: bool = True
-
-    def __post_init__(self) -> None:
-        for name in ("cpus", "gpu_utilization"):
-            value = getattr(self, name)
-            if not math.isfinite(value) or value < 0:
-                raise ConfigError(f"{name} must be a finite number >= 0, not {value!r}")
-        for name in ("memory_mb", "gpus", "gpu_memory_mb"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 0:
-                raise ConfigError(f"{name} must be a whole number >= 0, not {value!r}")
-
-
-@dataclass(frozen=True, slots=True)
-class NeedsOverride:
-    """The needs one job sets for itself (a ``--commands`` line with ``--num-cpus`` etc.); ``None``
-    fields take the batch's value.  ``gpus=0`` is ``--no-gpu-required``."""
-
-    cpus: float | None = None
-    memory_mb: int | None = None
-    gpus: int | None = None
-    gpu_memory_mb: int | None = None
-    gpu_utilization: float | None = None
-    reserve_machine: bool | None = None
-    reserve_gpu: bool | None = None
-
-    @property
-    def empty(self) -> bool:
-        return all(getattr(self, f.name) is None for f in fields(self))
-
-    def apply(self, base: Needs) -> Needs:
-        """``base`` with this job's own values put in (validated by :class:`Needs`)."""
-        values = {f.name: getattr(base, f.name) for f in fields(base)}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if value is not None:
-                values[f.name] = value
-        needs = Needs(**values)
-        if needs.gpus == 0:  # GPU fields mean nothing then; keep equal needs equal
-            needs = Needs(needs.cpus, needs.memory_mb, 0, 0, 0.0, needs.reserve_machine, False)
-        return needs
-
-
-@dataclass(frozen=True, slots=True)
-class Placement:
-    """Where a job runs: ``gpu_indices`` are ``nvidia-smi`` indices in the probe's order (empty
-    for a job without GPUs); ``gpu_uuids`` are the same GPUs' UUIDs, which also suit
-    ``CUDA_VISIBLE_DEVICES`` and, unlike indices, do not depend on ``CUDA_DEVICE_ORDER``."""
-
-    machine: str
-    job_id: str
-    gpu_indices: tuple[int, ...]
-    needs: Needs
-    gpu_uuids: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class OwnUsage:
-    """What one of our running jobs is observed to use, as reported by our agent on the host:
-    its process ids (to recognise its GPU processes) and its total RSS in MiB."""
-
-    pids: frozenset[int]
-    rss_mb: int = 0
-
-
 _NO_USAGE: Mapping[str, OwnUsage] = MappingProxyType({})
 _NO_FIT: tuple[float, tuple[int, ...]] = (-math.inf, ())
-
-
-def _plural(count: int, word: str) -> str:
-    return f"{count} {word}" if count == 1 else f"{count} {word}s"
-
-
-def _cpus(count: float) -> str:
-    return "1 cpu" if count == 1 else f"{count:g} cpus"
 
 
 class MachineResources:
@@ -505,11 +407,11 @@ class MachineResources:
         """Whether the job fits this machine empty and free of other users: against
         ``cpu_count * cpu_overload``, ``mem_total_mb``, each GPU's ``memory.total`` and the
         number of GPUs.  Used to reject impossible jobs before anything runs."""
-        if needs.cpus > self._cpu_capacity + _EPS or needs.memory_mb > self._mem_total:
+        if needs.cpus > self._cpu_capacity + EPS or needs.memory_mb > self._mem_total:
             return False
         if needs.gpus == 0:
             return True
-        if needs.gpu_utilization > 1.0 + GPU_UTILIZATION_TOLERANCE + _EPS:
+        if needs.gpu_utilization > 1.0 + GPU_UTILIZATION_TOLERANCE + EPS:
             return False
         big_enough = sum(1 for total in self._g_total if total >= needs.gpu_memory_mb)
         return big_enough >= needs.gpus
@@ -549,7 +451,7 @@ class MachineResources:
             return headroom, positions
 
         cpus = needs.cpus
-        if cpus > 0 and cpus > free_cpus + _EPS:
+        if cpus > 0 and cpus > free_cpus + EPS:
             return _NO_FIT
         memory = needs.memory_mb
         if memory > 0 and memory > free_memory:
@@ -567,7 +469,7 @@ class MachineResources:
 
         gpu_memory = needs.gpu_memory_mb
         utilization = needs.gpu_utilization
-        limit = 1.0 + GPU_UTILIZATION_TOLERANCE + _EPS - utilization
+        limit = 1.0 + GPU_UTILIZATION_TOLERANCE + EPS - utilization
         totals = self._g_total
         avail = self._g_avail
         busy = self._g_busy
@@ -684,8 +586,8 @@ class MachineResources:
             return "it never could: " + explain_unfit([self], needs)
         if needs.reserve_machine:
             return f"it must run alone but {len(self._running)} of our jobs hold resources here"
-        if needs.cpus > 0 and needs.cpus > self.free_cpus + _EPS:
-            return f"needs {_cpus(needs.cpus)}, {max(0.0, self.free_cpus):.2f} free"
+        if needs.cpus > 0 and needs.cpus > self.free_cpus + EPS:
+            return f"needs {cpus_text(needs.cpus)}, {max(0.0, self.free_cpus):.2f} free"
         if needs.memory_mb > 0 and needs.memory_mb > self.free_memory_mb:
             return f"needs {needs.memory_mb} MiB RAM, {max(0, self.free_memory_mb)} MiB free"
         reasons = []
@@ -701,134 +603,11 @@ class MachineResources:
             elif needs.gpu_memory_mb > 0 and needs.gpu_memory_mb > free:
                 reason = f"{max(0, free)} MiB free"
             elif needs.gpu_utilization > 0 and (
-                busy + needs.gpu_utilization > 1.0 + GPU_UTILIZATION_TOLERANCE + _EPS
+                busy + needs.gpu_utilization > 1.0 + GPU_UTILIZATION_TOLERANCE + EPS
             ):
                 reason = f"{busy:.0%} busy"
             else:
                 reason = "fits"
             reasons.append(f"{gpu.index}: {reason}")
         reserved = " (reserved)" if needs.reserve_gpu else ""
-        return f"needs {_gpu_needs(needs)}{reserved}; GPUs " + ", ".join(reasons)
-
-
-def _gpu_needs(needs: Needs) -> str:
-    text = _plural(needs.gpus, "GPU")
-    if needs.gpu_memory_mb > 0:
-        text += f" with {needs.gpu_memory_mb} MiB" + (" each" if needs.gpus > 1 else "")
-    return text
-
-
-def choose(machines: Sequence[MachineResources], needs: Needs) -> MachineResources | None:
-    """The machine with the best :meth:`~MachineResources.score` for the job, or ``None`` when
-    it fits nowhere now.  Ties go to the machine running fewest of our jobs (jobs that need
-    nothing measurable would otherwise all land on one host), then to the smallest name, so
-    plans are reproducible."""
-    best: MachineResources | None = None
-    best_score = -math.inf
-    for machine in machines:
-        # Runs once per placed job over every machine, so the cache check is inlined: only the
-        # machines that changed since their last score (usually one or two) are evaluated.
-        score = machine._cache_score if needs is machine._cache_needs else machine.score(needs)
-        # -inf never beats best_score (which starts at -inf), so misfits need no test of their own.
-        if score > best_score or (
-            score == best_score
-            and best is not None
-            and (len(machine._running), machine.name) < (len(best._running), best.name)
-        ):
-            best, best_score = machine, score
-    return best
-
-
-def max_concurrent(machine: MachineResources, needs: Needs, *, limit: int = 1024) -> int:
-    """How many such jobs fit on the machine at once now, counting what already runs there
-    (for the "machine limits:" header line).  Found by placing jobs until one does not fit, then
-    releasing them: the machine is left as it was.  Jobs that need nothing are capped at
-    ``limit``."""
-    placed: list[str] = []
-    try:
-        while len(placed) < limit and machine.score(needs) > -math.inf:
-            job_id = f"\x00max_concurrent:{len(placed)}"
-            machine.allocate(job_id, needs)
-            placed.append(job_id)
-    finally:
-        for job_id in placed:
-            machine.release(job_id)
-    return len(placed)
-
-
-def _unfit_dimensions(machine: MachineResources, needs: Needs) -> list[tuple[str, float]]:
-    """The needs the machine could never meet, each with capacity/need (how close it comes)."""
-    state = machine.state
-    capacity = state.cpu_count * machine.cpu_overload
-    failed: list[tuple[str, float]] = []
-    if needs.cpus > capacity + _EPS:
-        failed.append(("cpus", capacity / needs.cpus))
-    if needs.memory_mb > state.mem_total_mb:
-        failed.append(("memory", state.mem_total_mb / needs.memory_mb))
-    if needs.gpus > 0:
-        big_enough = sum(1 for gpu in state.gpus if gpu.memory_total_mb >= needs.gpu_memory_mb)
-        if big_enough < needs.gpus:
-            largest = max((gpu.memory_total_mb for gpu in state.gpus), default=0)
-            closeness = min(len(state.gpus) / needs.gpus, 1.0) * min(
-                largest / needs.gpu_memory_mb if needs.gpu_memory_mb else 1.0, 1.0
-            )
-            failed.append(("gpus", closeness))
-    return failed
-
-
-def _has(machine: MachineResources, dimension: str, needs: Needs) -> str:
-    state = machine.state
-    if dimension == "cpus":
-        capacity = state.cpu_count * machine.cpu_overload
-        return f"{state.cpu_count} cpus ({capacity:g} with overload {machine.cpu_overload:g})"
-    if dimension == "memory":
-        return f"{state.mem_total_mb} MiB RAM"
-    if not state.gpus:
-        return "no GPUs" + (f" ({state.gpu_error})" if state.gpu_error else "")
-    sizes = sorted({gpu.memory_total_mb for gpu in state.gpus}, reverse=True)
-    text = f"{_plural(len(state.gpus), 'GPU')} with "
-    if len(sizes) == 1:
-        return text + f"{sizes[0]} MiB"
-    big_enough = sum(1 for gpu in state.gpus if gpu.memory_total_mb >= needs.gpu_memory_mb)
-    return text + f"{'/'.join(map(str, sizes))} MiB ({big_enough} with enough memory)"
-
-
-def _wants(dimension: str, needs: Needs) -> str:
-    if dimension == "cpus":
-        return _cpus(needs.cpus)
-    if dimension == "memory":
-        return f"{needs.memory_mb} MiB RAM"
-    return _gpu_needs(needs)
-
-
-def explain_unfit(machines: Sequence[MachineResources], needs: Needs) -> str:
-    """One line saying why no machine could *ever* fit the job, naming the largest host, e.g.
-    ``needs 2 GPUs with 90000 MiB each; the largest host gpu1 has 2 GPUs with 81559 MiB``.
-
-    "Largest" is the host that fails the fewest needs and comes closest on those.  If some
-    machine could fit the job the line says which (the job only has to wait).
-    """
-    if not machines:
-        return "there are no machines to run on"
-    for machine in sorted(machines, key=lambda m: m.name):
-        if machine.could_ever_fit(needs):
-            return f"{machine.name} could fit it once it has room"
-    if needs.gpus > 0 and needs.gpu_utilization > 1.0 + GPU_UTILIZATION_TOLERANCE + _EPS:
-        return (
-            f"needs GPU utilization {needs.gpu_utilization:g} of each GPU, more than a whole GPU "
-            "(ask for more GPUs per job instead)"
-        )
-
-    def closeness(machine: MachineResources) -> tuple[int, float, str]:
-        failed = _unfit_dimensions(machine, needs)
-        return len(failed), -math.prod(ratio for _, ratio in failed), machine.name
-
-    largest = min(machines, key=closeness)
-    dimensions = [dimension for dimension, _ in _unfit_dimensions(largest, needs)]
-    line = (
-        f"needs {', '.join(_wants(d, needs) for d in dimensions)}; the largest host "
-        f"{largest.name} has {', '.join(_has(largest, d, needs) for d in dimensions)}"
-    )
-    if "gpus" in dimensions and not any(machine.state.gpus for machine in machines):
-        line += " (no host has a usable GPU: use --no-gpu-required for CPU-only jobs)"
-    return line
+        return f"needs {gpu_needs_text(needs)}{reserved}; GPUs " + ", ".join(reasons)

@@ -29,8 +29,8 @@ import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ssh_scheduler.allocate import Needs, NeedsOverride
 from ssh_scheduler.errors import BatchError, ConfigError, plain_text, show_value
+from ssh_scheduler.needs import Needs, NeedsOverride
 
 __all__ = [
     "MAX_JOB_NAME_BYTES",
