@@ -19,26 +19,12 @@ comes back within the lease, the agent kills every job it started and exits: no 
 This file must run on the remote python3 (3.8 or newer), so: stdlib only, no 3.9+ syntax, and no
 imports from the rest of the package.
 
-Requests (coordinator -> agent), one JSON object per line, all with an ``op``:
-  hello {lease}                          -> hello {pid, root, python, jobs: {job: {running, code}}}
-  ping                                   -> (renews the lease; no answer)
-  probe {id, cmd}                        -> probe {id, out, rc, own: {job: {pids, rss_mb}}}
-  have {id, hashes: [h...], sizes}       -> have {id, missing: [h...]}
-  stage {id, dir, files: [[rel, key]]}   -> staged {id}
-  run {job, cmd, cwd, env, out, err,     -> started {job, pid} ; out {job, fd, data(b64)} ... ;
-       stage?: {files, dirs},                  exit {job, code, entries?}  (entries: as manifest,
-       manifest?: {paths}}                     when asked; code null: staging failed)
-  resume {job, offsets: [n1, n2]}        -> the output after those offsets, then as run
-  kill {job, grace}                      -> (the job's exit event follows)
-  manifest {id, dir, job, paths|null}    -> manifest {id, entries: [[rel, kind, size, mode, link]]}
-  remove {id?, dir, job}                 -> removed {id} when given an id (also forgets the job)
-  sweep {id, prefix}                     -> swept {id}  (removes the batch's leftover job folders)
-  bye                                    -> exits once its jobs are done (orderly end)
+The requests, replies and events are defined in protocol.py, which travels with this file;
+each request ``X`` with tag ``x`` is served by the method ``op_x``.
 """
 
 import asyncio
 import base64
-import json
 import os
 import shutil
 import signal
@@ -47,6 +33,11 @@ import stat
 import sys
 import threading
 import time
+
+if "ssh_scheduler_protocol" in sys.modules:  # shipped with us (transport.agent_bootstrap)
+    P = sys.modules["ssh_scheduler_protocol"]
+else:  # imported from the package (tests)
+    from ssh_scheduler import protocol as P
 
 CACHE_DIR = "cache"
 JOBS_DIR = "jobs"
@@ -66,7 +57,8 @@ class Job(object):
         self.subscribed = True
         self.files = {}
         self.jobdir = None
-        self.manifest = None  # {"paths": [...] | None}: list the results with the exit event
+        self.listing = False  # list the results with the exit event
+        self.listing_paths = None  # ...only these (None: what the job created or changed)
 
     @property
     def running(self):
@@ -94,11 +86,11 @@ class Agent(object):
             os.makedirs(sub, mode=0o700, exist_ok=True)
 
     # -- plumbing ---------------------------------------------------------------------------------
-    def send(self, obj):
+    def send(self, message):
         client = self.client
         if client is None:
             return
-        data = (json.dumps(obj, separators=(",", ":")) + "\n").encode()
+        data = message.encode()
         try:
             client.write(data)
         except Exception:
@@ -161,19 +153,14 @@ class Agent(object):
                 return  # replaced by a newer connection
             self.last_heard = time.monotonic()
             try:
-                req = json.loads(line)
-            except ValueError:
+                req = P.decode_request(line)
+            except P.ProtocolError as exc:
+                self.send(P.Error(id=exc.id, job=exc.job, message=str(exc)))
                 continue
-            op = req.get("op")
-            if op == "bye":
-                self.closing = True
-                if self.done is not None and not self.done.done():
-                    self.done.set_result(None)
+            if isinstance(req, P.Bye):
+                self.op_bye(req)
                 break
-            handler = getattr(self, "op_" + str(op), None)
-            if handler is None:
-                self.send({"ev": "error", "id": req.get("id"), "message": "unknown op %r" % op})
-                continue
+            handler = getattr(self, "op_" + req.TAG)
             task = asyncio.ensure_future(self.guard(handler, req))
             self.tasks.add(task)  # keep a reference until it ends (the loop holds weak ones)
             task.add_done_callback(self.tasks.discard)
@@ -186,8 +173,8 @@ class Agent(object):
         try:
             await handler(req)
         except Exception as exc:  # report, never die: one bad request must not kill other jobs
-            self.send({"ev": "error", "id": req.get("id"), "job": req.get("job"),
-                       "message": "%s: %s" % (type(exc).__name__, exc)})
+            self.send(P.Error(id=req.id, job=getattr(req, "job", None),
+                              message="%s: %s" % (type(exc).__name__, exc)))
 
     def watchdog(self):
         # Cut networks never deliver EOF and killed coordinators never say bye: the lease is
@@ -274,26 +261,32 @@ class Agent(object):
 
     # -- requests ---------------------------------------------------------------------------------
     async def op_hello(self, req):
-        self.lease = float(req.get("lease", self.lease))
-        jobs = dict((j.name, {"running": j.running, "code": j.code}) for j in self.jobs.values())
-        self.send({"ev": "hello", "id": req.get("id"), "pid": os.getpid(), "root": self.root,
-                   "python": sys.version.split()[0], "jobs": jobs})
+        self.lease = req.lease
+        jobs = dict((j.name, P.JobState(running=j.running, code=j.code)) for j in self.jobs.values())
+        self.send(P.HelloReply(id=req.id, pid=os.getpid(), root=self.root,
+                               python=sys.version.split()[0], jobs=jobs))
 
     async def op_ping(self, req):
         pass
 
+    def op_bye(self, req):
+        """Orderly end (called in line: nothing after it on this connection is read)."""
+        self.closing = True
+        if self.done is not None and not self.done.done():
+            self.done.set_result(None)
+
     async def op_probe(self, req):
         proc = await asyncio.create_subprocess_exec(
-            "/bin/sh", "-c", req["cmd"], stdin=asyncio.subprocess.DEVNULL,
+            "/bin/sh", "-c", req.cmd, stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
         out, _ = await proc.communicate()
-        self.send({"ev": "probe", "id": req["id"], "out": out.decode("utf-8", "replace"),
-                   "rc": proc.returncode, "own": self.own_usage()})
+        self.send(P.ProbeReply(id=req.id, out=out.decode("utf-8", "replace"),
+                               rc=proc.returncode, own=self.own_usage()))
 
     def own_usage(self):
         """PIDs and resident memory of every process of each running job (found by its tag)."""
         by_tag = dict((j.tag, j.name) for j in self.running_jobs())
-        usage = dict((name, {"pids": [], "rss_mb": 0}) for name in by_tag.values())
+        usage = dict((name, P.JobUsage()) for name in by_tag.values())
         if not by_tag:
             return usage
         page_kb = os.sysconf("SC_PAGE_SIZE") // 1024
@@ -301,18 +294,18 @@ class Agent(object):
             name = by_tag.get(tag)
             if name is None:
                 continue
-            usage[name]["pids"].append(pid)
+            usage[name].pids.append(pid)
             try:
                 with open("/proc/%d/statm" % pid) as f:
-                    usage[name]["rss_mb"] += int(f.read().split()[1]) * page_kb // 1024
+                    usage[name].rss_mb += int(f.read().split()[1]) * page_kb // 1024
             except (OSError, IndexError, ValueError):
                 pass
         return usage
 
     async def op_have(self, req):
         missing = []
-        sizes = req.get("sizes") or {}
-        for key in req["hashes"]:
+        sizes = req.sizes
+        for key in req.hashes:
             path = os.path.join(self.cache, key)
             try:
                 st = os.lstat(path)
@@ -322,11 +315,11 @@ class Agent(object):
             if not stat.S_ISREG(st.st_mode) or (key in sizes and st.st_size != sizes[key]):
                 os.unlink(path)
                 missing.append(key)
-        self.send({"ev": "have", "id": req["id"], "missing": missing})
+        self.send(P.HaveReply(id=req.id, missing=missing))
 
     async def op_stage(self, req):
-        self.stage(req["dir"], req["files"], req.get("dirs", ()))
-        self.send({"ev": "staged", "id": req["id"]})
+        self.stage(req.dir, req.files, req.dirs)
+        self.send(P.Staged(id=req.id))
 
     def stage(self, jobdir, files, dirs):
         """Give a job its private directory, its inputs hard-linked from the cache.
@@ -343,7 +336,8 @@ class Agent(object):
         record = {}
         for rel in dirs:
             os.makedirs(os.path.join(jobdir, rel), exist_ok=True)
-        for rel, key in files:
+        for staged in files:
+            rel, key = staged.rel, staged.key
             target = os.path.join(jobdir, rel)
             parent = os.path.dirname(target)
             if parent:
@@ -359,41 +353,41 @@ class Agent(object):
 
     async def op_run(self, req):
         """Start a job (staging its inputs first when asked: one round trip instead of two)."""
-        name = req["job"]
+        name = req.job
         old = self.jobs.get(name)
         if old is not None and old.running:
             raise ValueError("job %s is already running" % name)
-        job = Job(name, "%s:%s" % (self.token, name), req.get("out"), req.get("err"))
-        job.jobdir = req["cwd"]
-        job.manifest = req.get("manifest")
+        job = Job(name, "%s:%s" % (self.token, name), req.out, req.err)
+        job.jobdir = req.cwd
+        job.listing = req.listing
+        job.listing_paths = req.listing_paths
         job.ended = asyncio.get_event_loop().create_future()
         self.jobs[name] = job
-        if req.get("stage") is not None:
+        if req.stage is not None:
             try:
-                self.stage(req["cwd"], req["stage"]["files"], req["stage"].get("dirs", ()))
+                self.stage(req.cwd, req.stage.files, req.stage.dirs)
             except Exception as exc:
                 job.code = -1
-                self.send({"ev": "exit", "job": name, "code": None,
-                           "message": "staging failed: %s: %s" % (type(exc).__name__, exc)})
+                self.send(P.Exit(job=name, message="staging failed: %s: %s" % (type(exc).__name__, exc)))
                 return
         env = dict(os.environ)
-        env.update(req.get("env") or {})
+        env.update(req.env)
         env[TAG_VAR] = job.tag
         loop = asyncio.get_event_loop()
         protocol = JobProtocol(self, job, loop)
         try:
             transport, _ = await loop.subprocess_exec(
-                lambda: protocol, self.shell, "-c", req["cmd"], cwd=req["cwd"], env=env,
+                lambda: protocol, self.shell, "-c", req.cmd, cwd=req.cwd, env=env,
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, start_new_session=True)
         except OSError as exc:
             protocol.close_files()
             job.code = 127
-            self.send({"ev": "exit", "job": name, "code": 127, "message": str(exc)})
+            self.send(P.Exit(job=name, code=127, message=str(exc)))
             return
         job.transport = transport
         job.pid = transport.get_pid()
-        self.send({"ev": "started", "job": name, "pid": job.pid})
+        self.send(P.Started(job=name, pid=job.pid))
         await protocol.exited
         # The shell is gone, but a background grandchild may live on (and hold the pipes open):
         # end its group now, then drain what it wrote before reporting the exit.  Descendants
@@ -422,18 +416,18 @@ class Agent(object):
             self.send_exit(job)
 
     def send_exit(self, job):
-        event = {"ev": "exit", "job": job.name, "code": job.code}
-        if job.manifest is not None and job.jobdir:
-            event["entries"] = self.list_results(job.jobdir, job.manifest.get("paths"))
-        self.send(event)
+        entries = None
+        if job.listing and job.jobdir:
+            entries = P.encode_listing(self.list_results(job.jobdir, job.listing_paths))
+        self.send(P.Exit(job=job.name, code=job.code, entries=entries))
 
     async def op_resume(self, req):
         """A coordinator that came back takes up a job: what it missed, then live output."""
-        job = self.jobs.get(req["job"])
+        job = self.jobs.get(req.job)
         if job is None:
-            self.send({"ev": "exit", "job": req["job"], "code": None, "message": "unknown job"})
+            self.send(P.Exit(job=req.job, message="unknown job"))
             return
-        offsets = req.get("offsets") or [0, 0]
+        offsets = [*req.offsets, 0, 0][:2]
         # No await between reading the files and subscribing: nothing is lost or doubled.
         for fd, path, offset in ((1, job.out_path, offsets[0]), (2, job.err_path, offsets[1])):
             if not path:
@@ -445,8 +439,8 @@ class Agent(object):
                         chunk = f.read(1 << 16)
                         if not chunk:
                             break
-                        self.send({"ev": "out", "job": job.name, "fd": fd,
-                                   "data": base64.b64encode(chunk).decode()})
+                        self.send(P.Output(job=job.name, fd=fd,
+                                           data=base64.b64encode(chunk).decode()))
             except OSError:
                 pass
         job.subscribed = True
@@ -454,13 +448,13 @@ class Agent(object):
             self.send_exit(job)
 
     async def op_kill(self, req):
-        job = self.jobs.get(req["job"])
+        job = self.jobs.get(req.job)
         if job is not None and job.running:
-            await self.kill_job(job, float(req.get("grace", 5.0)))
+            await self.kill_job(job, req.grace)
 
     async def op_manifest(self, req):
-        entries = self.list_results(req["dir"], req.get("paths"))
-        self.send({"ev": "manifest", "id": req["id"], "entries": entries})
+        entries = self.list_results(req.dir, req.paths)
+        self.send(P.ManifestReply(id=req.id, entries=P.encode_listing(entries)))
 
     def list_results(self, jobdir, explicit):
         """What to bring home from a job directory, never following a link.
@@ -498,12 +492,13 @@ class Agent(object):
                             pass
                 if kind == "dir" and not explicit:
                     continue  # directories come along with the files in them
-                entries.append([rel, kind, st.st_size, stat.S_IMODE(st.st_mode), link])
+                entries.append(P.ManifestEntry(path=rel, kind=kind, size=st.st_size,
+                                               mode=stat.S_IMODE(st.st_mode), link=link))
         return entries
 
     async def op_remove(self, req):
-        path = req["dir"]
-        job = self.jobs.get(req.get("job") or "")
+        path = req.dir
+        job = self.jobs.get(req.job or "")
         if job is not None:
             if job.running:
                 await self.kill_job(job, 2.0)
@@ -517,14 +512,14 @@ class Agent(object):
         if self.inside_root(os.path.dirname(path)) and os.path.isdir(path):
             shutil.rmtree(path, ignore_errors=True)
         self.staged.pop(path, None)
-        if req.get("id") is not None:
-            self.send({"ev": "removed", "id": req["id"]})
+        if req.id is not None:
+            self.send(P.Removed(id=req.id))
 
 
     async def op_sweep(self, req):
         """The batch is over: remove every job folder and output file it left here."""
-        self.sweep(str(req["prefix"]))
-        self.send({"ev": "swept", "id": req["id"]})
+        self.sweep(req.prefix)
+        self.send(P.Swept(id=req.id))
 
     def sweep(self, prefix):
         jobs_dir = os.path.join(self.root, JOBS_DIR)
@@ -569,8 +564,8 @@ class JobProtocol(asyncio.SubprocessProtocol):
             copy.write(data)
             copy.flush()
         if self.job.subscribed:
-            self.agent.send({"ev": "out", "job": self.job.name, "fd": fd,
-                             "data": base64.b64encode(data).decode()})
+            self.agent.send(P.Output(job=self.job.name, fd=fd,
+                                     data=base64.b64encode(data).decode()))
 
     def pipe_connection_lost(self, fd, exc):
         self.open_pipes.discard(fd)

@@ -26,7 +26,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import TransferError, TransportError
+from .errors import TransferError
+from .protocol import ManifestEntry, ProtocolError, decode_listing
 from .runner import HostSession
 from .transport import RemoteFileError, SizeLimitExceeded, printable
 
@@ -136,14 +137,7 @@ class HostCache:
             self._ready[f.key] = loop.create_future()
         if new:
             try:
-                try:
-                    missing = set(
-                        await self.host.have([f.key for f in new], {f.key: f.size for f in new})
-                    )
-                except (KeyError, TypeError, ValueError):
-                    raise TransportError(
-                        f"{self.host.name}: the agent sent a malformed answer about its cache"
-                    ) from None
+                missing = set(await self.host.have([f.key for f in new], {f.key: f.size for f in new}))
                 await asyncio.gather(*(self._upload(f) for f in new if f.key in missing))
             except BaseException as exc:
                 for f in new:
@@ -313,23 +307,24 @@ async def fetch_back(
     """
     if dest.exists() or dest.is_symlink():
         raise TransferError(f"{dest} already exists; results are never overwritten")
-    try:
-        if entries is None:
-            entries = await host.manifest(jobdir, list(paths) if paths else None)
-    except (KeyError, TypeError, ValueError, AttributeError):
-        raise TransferError(
-            f"{host.name}:{jobdir}: the host sent a malformed list of results; nothing was "
-            f"copied back and the results stay on the host"
-        ) from None
-    if not isinstance(entries, list):
-        raise TransferError(f"{host.name}:{jobdir}: the host sent a malformed list of results")
-    if len(entries) > limits.max_files:
+    if entries is None:
+        entries = await host.manifest(jobdir, list(paths) if paths else None)
+    if isinstance(entries, list) and len(entries) > limits.max_files:
         raise TransferError(
             f"{host.name}:{jobdir} holds {len(entries)} entries, over the copy-back limit of "
             f"{limits.max_files} files (raise --max-result-files); the results stay on the host"
         )
+    try:
+        listing, malformed = decode_listing(entries)
+    except ProtocolError:
+        raise TransferError(
+            f"{host.name}:{jobdir}: the host sent a malformed list of results; nothing was "
+            f"copied back and the results stay on the host"
+        ) from None
     report = CopyBackReport()
-    if not entries:
+    if malformed:
+        _warn(report, f"{host.name}: malformed manifest entry skipped" + (f" ({malformed} in all)" if malformed > 1 else ""))
+    if not listing:
         os.mkdir(dest, 0o755)  # nothing to copy: an empty folder appears whole at once
         return report
     staging = dest.parent / f".partial-{dest.name}-{secrets.token_hex(4)}"
@@ -337,7 +332,7 @@ async def fetch_back(
     root_fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
         tree = _SafeTree(root_fd)
-        for entry in entries:
+        for entry in listing:
             await _fetch_entry(host, jobdir, tree, entry, report, limits)
         os.close(root_fd)
         root_fd = -1
@@ -363,29 +358,25 @@ async def _fetch_entry(
     host: HostSession,
     jobdir: str,
     tree: _SafeTree,
-    entry: object,
+    entry: ManifestEntry,
     report: CopyBackReport,
     limits: CopyLimits,
 ) -> None:
-    if not isinstance(entry, list) or len(entry) != 5:
-        _warn(report, f"{host.name}: malformed manifest entry skipped")
-        return
-    raw_rel, kind, _size, mode, link = entry
-    rel = safe_relpath(raw_rel)
+    kind, link = entry.kind, entry.link
+    rel = safe_relpath(entry.path)
     if rel is None:
-        _warn(report, f"{host.name}: unsafe name '{shown(raw_rel)}' refused")
+        _warn(report, f"{host.name}: unsafe name '{shown(entry.path)}' refused")
         return
     try:
         if kind == "dir":
             tree.mkdir(rel)
         elif kind == "link":
-            if isinstance(link, str) and link_stays_inside(rel, link):
+            if link is not None and link_stays_inside(rel, link):
                 tree.symlink(rel, link)
             else:
                 _warn(report, f"{shown(rel)}: symlink to '{shown(link)}' leaves the job folder; skipped")
         elif kind == "file":
-            file_mode = mode if isinstance(mode, int) and not isinstance(mode, bool) else 0o644
-            fd, dfd = tree.create_file(rel, file_mode)
+            fd, dfd = tree.create_file(rel, entry.mode)
             done = False
             try:
                 budget = limits.max_bytes - report.bytes

@@ -60,11 +60,14 @@ def agent_bootstrap(python: str, root: str, token: str = "") -> str:
 
     With a batch ``token``, a still-running agent of that batch is reattached to (see agent.py).
     """
-    source = (Path(__file__).with_name("agent.py")).read_bytes()
-    blob = base64.b64encode(zlib.compress(source, 9)).decode()
+    here = Path(__file__).parent
+    # protocol.py runs first as module ssh_scheduler_protocol, where agent.py looks for it.
+    sources = (here / "protocol.py").read_bytes() + b"\0" + (here / "agent.py").read_bytes()
+    blob = base64.b64encode(zlib.compress(sources, 9)).decode()
     code = (
-        "import sys,zlib,base64;g={'__name__':'ssh_scheduler_agent'};"
-        "exec(zlib.decompress(base64.b64decode(sys.argv[1])),g);g['main'](*sys.argv[2:4])"
+        "import sys,zlib,base64;p,a=zlib.decompress(base64.b64decode(sys.argv[1])).split(b'\\0',1);"
+        "m=sys.modules['ssh_scheduler_protocol']=type(sys)('ssh_scheduler_protocol');exec(p,m.__dict__);"
+        "g={'__name__':'ssh_scheduler_agent'};exec(a,g);g['main'](*sys.argv[2:4])"
     )
     # -I -S: no site packages or PYTHON* variables to read, half the start-up time; the agent
     # needs only the standard library.
