@@ -30,18 +30,21 @@ import shutil
 import signal
 import socket
 import stat
+import subprocess
 import sys
 import threading
 import time
 
 if "ssh_scheduler_protocol" in sys.modules:  # shipped with us (transport.agent_bootstrap)
     P = sys.modules["ssh_scheduler_protocol"]
+    G = sys.modules["ssh_scheduler_hostguard"]
 else:  # imported from the package (tests)
+    from ssh_scheduler import hostguard as G
     from ssh_scheduler import protocol as P
 
 CACHE_DIR = "cache"
 JOBS_DIR = "jobs"
-TAG_VAR = "SSH_SCHEDULER_TAG"
+AGENTS_DIR = "agents"
 
 
 class Job(object):
@@ -59,6 +62,8 @@ class Job(object):
         self.jobdir = None
         self.listing = False  # list the results with the exit event
         self.listing_paths = None  # ...only these (None: what the job created or changed)
+        self.max_output = None  # bytes of stdout + stderr kept and sent; then the job is killed
+        self.over_limit = False
 
     @property
     def running(self):
@@ -76,14 +81,17 @@ class Agent(object):
         self.last_heard = time.monotonic()
         self.client = None  # the coordinator we answer now
         self.done = None  # resolved by "bye"
-        self.reap_tags = set()
-        self.reap_handle = None
+        self.reap_tags = set()  # tags of ended jobs, where prctl is missing
+        self.spawning = 0
         self.closing = False
         self.idle = None
         self.tasks = set()
         self.shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
-        for sub in (self.cache, os.path.join(self.root, JOBS_DIR)):
-            os.makedirs(sub, mode=0o700, exist_ok=True)
+        self.subreaper = None  # prctl's answer, asked at the first job (see hostguard)
+        self.children = set()  # pids of our own children besides job shells (probes, spawning)
+        self.sweep_handle = None
+        self.zombies = []
+        self.verified = {}  # cache key -> (ino, size, mtime_ns, ctime_ns) whose hash matched
 
     # -- plumbing ---------------------------------------------------------------------------------
     def send(self, message):
@@ -161,13 +169,15 @@ class Agent(object):
                 self.op_bye(req)
                 break
             handler = getattr(self, "op_" + req.TAG)
-            task = asyncio.ensure_future(self.guard(handler, req))
-            self.tasks.add(task)  # keep a reference until it ends (the loop holds weak ones)
-            task.add_done_callback(self.tasks.discard)
+            self.keep(asyncio.ensure_future(self.guard(handler, req)))
         if self.client is writer:
             self.client = None
             for job in self.jobs.values():
                 job.subscribed = False
+
+    def keep(self, task):
+        self.tasks.add(task)  # keep a reference until it ends (the loop holds weak ones)
+        task.add_done_callback(self.tasks.discard)
 
     async def guard(self, handler, req):
         try:
@@ -189,6 +199,8 @@ class Agent(object):
                     time.sleep(2.0)
                 for job in running:
                     self.kill_tree(job, signal.SIGKILL)
+                if self.subreaper:  # and whatever ended jobs left behind
+                    G.kill_below(os.getpid(), include_top=False)
                 # Nobody came back for the results: a later run of the batch starts these jobs
                 # afresh, so their folders are only litter now.
                 self.sweep(self.token + "-")
@@ -207,47 +219,61 @@ class Agent(object):
             await self.idle
 
     # -- killing ----------------------------------------------------------------------------------
+    def contain(self):
+        """Make this agent a child subreaper (once): what a job leaves behind comes to us."""
+        if self.subreaper is None:
+            self.subreaper = G.set_subreaper()
+        return self.subreaper
+
     def kill_tree(self, job, sig):
-        """Signal the job's process group and every process carrying its tag (descendants that
-        called setsid or double-forked out of the group)."""
-        if job.pid is not None:
-            try:
-                os.killpg(job.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-        for pid in tagged_pids(job.tag, job.pid or 0):
-            try:
-                os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
+        """Signal every process of the job: the tree below its shell (a subreaper, so nothing
+        escapes it by setsid, double fork or ``env -i``), its process group, and (where prctl
+        is missing) whatever carries its tag."""
+        if job.pid is None:
+            return
+        try:
+            os.killpg(job.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if self.subreaper:
+            G.signal_all(G.subtree(G.children_map(G.process_table()), job.pid), sig)
+        else:
+            G.signal_all(G.tagged_pids(job.tag, job.pid), sig)
 
     def kill_orphans(self):
         """Processes tagged with our batch token that no live agent owns (their agent was
-        killed): a fresh agent for the token ends them."""
+        killed, so they went to init): a fresh agent for the token ends them."""
         prefix = self.token + ":"
-        for pid, tag in tagged_processes():
-            if tag.startswith(prefix):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+        G.signal_all([pid for pid, tag in G.tagged_processes() if tag.startswith(prefix)],
+                     signal.SIGKILL)
 
-    def reap_later(self, tag):
+    def sweep_later(self, tag):
         """Kill what is left of ended jobs, scanning /proc once for all jobs that ended within
         the same few milliseconds (one scan per job end would cost O(jobs x processes))."""
         self.reap_tags.add(tag)
-        if self.reap_handle is None:
-            self.reap_handle = asyncio.get_event_loop().call_later(0.05, self.reap)
+        if self.sweep_handle is None:
+            self.sweep_handle = asyncio.get_event_loop().call_later(0.05, self.sweep_leftovers)
 
-    def reap(self):
-        self.reap_handle = None
-        tags, self.reap_tags = self.reap_tags, set()
-        for pid, tag in tagged_processes():
-            if tag in tags:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+    def sweep_leftovers(self):
+        """An ended job's leftovers are now our children (we are their subreaper): every child
+        that is not a running job's shell or one of our own commands is killed, with all below
+        it, and reaped."""
+        self.sweep_handle = None
+        if not self.subreaper:
+            tags, self.reap_tags = self.reap_tags, set()
+            G.signal_all([pid for pid, tag in G.tagged_processes() if tag in tags], signal.SIGKILL)
+            return
+        if self.spawning:
+            self.sweep_handle = asyncio.get_event_loop().call_later(0.05, self.sweep_leftovers)
+            return
+        kids = G.children_map(G.process_table())
+        keep = set(j.pid for j in self.running_jobs()) | self.children
+        left = [pid for pid in kids.get(os.getpid(), ()) if pid not in keep]
+        for pid in left:
+            G.signal_all(G.subtree(kids, pid), signal.SIGKILL)
+        self.zombies = G.reap(self.zombies + left)
+        if left or self.zombies:  # their children come to us next, and zombies need reaping
+            self.sweep_handle = asyncio.get_event_loop().call_later(0.05, self.sweep_leftovers)
 
     async def kill_job(self, job, grace):
         """TERM the job's tree, wait (for its exit, not by polling) up to ``grace``, then KILL."""
@@ -279,43 +305,65 @@ class Agent(object):
         proc = await asyncio.create_subprocess_exec(
             "/bin/sh", "-c", req.cmd, stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
-        out, _ = await proc.communicate()
+        self.children.add(proc.pid)
+        try:
+            out, _ = await proc.communicate()
+        finally:
+            self.children.discard(proc.pid)
         self.send(P.ProbeReply(id=req.id, out=out.decode("utf-8", "replace"),
                                rc=proc.returncode, own=self.own_usage()))
 
     def own_usage(self):
-        """PIDs and resident memory of every process of each running job (found by its tag)."""
-        by_tag = dict((j.tag, j.name) for j in self.running_jobs())
-        usage = dict((name, P.JobUsage()) for name in by_tag.values())
-        if not by_tag:
+        """PIDs and resident memory of every process of each running job (its tree)."""
+        running = self.running_jobs()
+        usage = dict((j.name, P.JobUsage()) for j in running)
+        if not running:
             return usage
         page_kb = os.sysconf("SC_PAGE_SIZE") // 1024
-        for pid, tag in tagged_processes():
-            name = by_tag.get(tag)
-            if name is None:
+        table = G.process_table()
+        kids = G.children_map(table)
+        for job in running:
+            if job.pid is None:
                 continue
-            usage[name].pids.append(pid)
-            try:
-                with open("/proc/%d/statm" % pid) as f:
-                    usage[name].rss_mb += int(f.read().split()[1]) * page_kb // 1024
-            except (OSError, IndexError, ValueError):
-                pass
+            pids = G.subtree(kids, job.pid) if self.subreaper else [job.pid, *G.tagged_pids(job.tag, job.pid)]
+            found = [pid for pid in pids if pid in table]
+            usage[job.name].pids = found
+            usage[job.name].rss_mb = sum(table[pid][1] for pid in found) * page_kb // 1024
         return usage
 
     async def op_have(self, req):
+        """Which cache entries are missing.  An entry is trusted only when it is ours, a plain
+        file, and its content hashes to its name (checked once per agent; in a thread, since
+        inputs can be large); anything else is removed and reported missing."""
+        loop = asyncio.get_event_loop()
+        missing = await loop.run_in_executor(None, self.missing_from_cache, req.hashes, req.sizes)
+        self.send(P.HaveReply(id=req.id, missing=missing))
+
+    def missing_from_cache(self, keys, sizes):
         missing = []
-        sizes = req.sizes
-        for key in req.hashes:
+        for key in keys:
             path = os.path.join(self.cache, key)
+            if "/" in key or key.startswith("."):
+                missing.append(key)
+                continue
             try:
                 st = os.lstat(path)
             except OSError:
                 missing.append(key)
                 continue
-            if not stat.S_ISREG(st.st_mode) or (key in sizes and st.st_size != sizes[key]):
-                os.unlink(path)
+            seen = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            if self.verified.get(key) == seen:
+                continue
+            if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid()
+                    or (key in sizes and st.st_size != sizes[key]) or not hash_matches(path, key)):
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
                 missing.append(key)
-        self.send(P.HaveReply(id=req.id, missing=missing))
+                continue
+            self.verified[key] = seen
+        return missing
 
     async def op_stage(self, req):
         self.stage(req.dir, req.files, req.dirs)
@@ -361,6 +409,7 @@ class Agent(object):
         job.jobdir = req.cwd
         job.listing = req.listing
         job.listing_paths = req.listing_paths
+        job.max_output = req.max_output
         job.ended = asyncio.get_event_loop().create_future()
         self.jobs[name] = job
         if req.stage is not None:
@@ -370,33 +419,44 @@ class Agent(object):
                 job.code = -1
                 self.send(P.Exit(job=name, message="staging failed: %s: %s" % (type(exc).__name__, exc)))
                 return
+        for path in (job.out_path, job.err_path):  # an earlier attempt's (created afresh below)
+            if path and self.inside_root(path):
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
         env = dict(os.environ)
         env.update(req.env)
-        env[TAG_VAR] = job.tag
+        env[G.TAG_VAR] = job.tag
         loop = asyncio.get_event_loop()
         protocol = JobProtocol(self, job, loop)
+        contained = self.contain()
+        self.spawning += 1
         try:
             transport, _ = await loop.subprocess_exec(
                 lambda: protocol, self.shell, "-c", req.cmd, cwd=req.cwd, env=env,
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, start_new_session=True)
-        except OSError as exc:
+                stderr=asyncio.subprocess.PIPE, start_new_session=True,
+                preexec_fn=G.set_subreaper if contained else None)
+        except (OSError, subprocess.SubprocessError) as exc:
             protocol.close_files()
             job.code = 127
             self.send(P.Exit(job=name, code=127, message=str(exc)))
             return
+        finally:
+            self.spawning -= 1
         job.transport = transport
         job.pid = transport.get_pid()
         self.send(P.Started(job=name, pid=job.pid))
         await protocol.exited
         # The shell is gone, but a background grandchild may live on (and hold the pipes open):
-        # end its group now, then drain what it wrote before reporting the exit.  Descendants
-        # that left the group are found by their tag in one coalesced /proc scan (see reap).
+        # end its group now, then drain what it wrote before reporting the exit.  The rest of
+        # its tree is now ours (we are its subreaper): one coalesced /proc scan ends it.
         try:
             os.killpg(job.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-        self.reap_later(job.tag)
+        self.sweep_later(job.tag)
         try:
             await asyncio.wait_for(asyncio.shield(protocol.drained), 2.0)
         except asyncio.TimeoutError:
@@ -419,7 +479,8 @@ class Agent(object):
         entries = None
         if job.listing and job.jobdir:
             entries = P.encode_listing(self.list_results(job.jobdir, job.listing_paths))
-        self.send(P.Exit(job=job.name, code=job.code, entries=entries))
+        self.send(P.Exit(job=job.name, code=job.code, entries=entries,
+                         message=P.OUTPUT_LIMIT if job.over_limit else None))
 
     async def op_resume(self, req):
         """A coordinator that came back takes up a job: what it missed, then live output."""
@@ -555,11 +616,21 @@ class JobProtocol(asyncio.SubprocessProtocol):
         self.exited = loop.create_future()
         self.drained = loop.create_future()
         self.open_pipes = set([1, 2])
+        self.room = job.max_output  # bytes of output left before the job is killed
 
     def pipe_data_received(self, fd, data):
+        if self.room is not None:
+            if self.room <= 0:
+                return  # over the limit: the job is being killed, its output dropped
+            if len(data) >= self.room:
+                data = data[:self.room]
+                self.job.over_limit = True
+                self.agent.keep(asyncio.ensure_future(self.agent.kill_job(self.job, 1.0)))
+            self.room -= len(data)
         copy = self.files.get(fd)
         if copy is None and self.paths.get(fd):
-            copy = self.files[fd] = open(self.paths[fd], "ab")
+            # Never through a planted link, never into a file someone else made.
+            copy = self.files[fd] = os.fdopen(G.create_private(self.paths[fd], append=True), "ab")
         if copy is not None:
             copy.write(data)
             copy.flush()
@@ -597,54 +668,45 @@ def feed_from_file(loop, reader):
     loop.call_soon_threadsafe(reader.feed_eof)
 
 
-async def start_unix_server(agent, path):
+async def start_unix_server(agent, name):
+    """Listen on ``name`` in the current folder (our private agents folder: no path length
+    limit to work around, nobody else can reach or replace it); only our own uid may talk."""
     async def on_client(reader, writer):
-        await agent.attach(reader, writer)
+        sock = writer.get_extra_info("socket")
         try:
-            writer.close()
-        except Exception:
-            pass
+            if sock is not None and G.peer_uid(sock) == os.getuid():
+                await agent.attach(reader, writer)
+        finally:
+            try:
+                writer.close()
+            except Exception:
+                pass
 
-    if os.path.exists(path):
-        os.unlink(path)  # a dead agent's socket (connecting to it failed)
+    if os.path.lexists(name):
+        os.unlink(name)  # a dead agent's socket (connecting to it failed)
     old_umask = os.umask(0o077)
     try:
-        return await asyncio.start_unix_server(on_client, path=path, limit=1 << 26)
+        return await asyncio.start_unix_server(on_client, path=name, limit=1 << 26)
     finally:
         os.umask(old_umask)
 
 
-def tagged_processes(after=0):
-    """(pid, tag) of every process we may read whose environment carries our tag.
+def hash_matches(path, key):
+    """Cache keys are ``<sha256 of the content>-<r|x>``."""
+    import hashlib
 
-    ``after``: only pids above it (a job's descendants were born after it; skipping the rest
-    keeps this cheap on the hot path of every job's end).
-    """
-    needle = (TAG_VAR + "=").encode()
-    me = os.getpid()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        pid = int(entry)
-        if pid == me or pid <= after:
-            continue
-        try:
-            with open("/proc/%s/environ" % entry, "rb") as f:
-                data = f.read()
-        except OSError:
-            continue
-        start = data.find(needle)
-        if start < 0 or (start > 0 and data[start - 1:start] != b"\0"):
-            continue
-        end = data.find(b"\0", start)
-        value = data[start + len(needle):end if end >= 0 else len(data)]
-        yield int(entry), value.decode("utf-8", "replace")
-
-
-def tagged_pids(tag, after=0):
-    # Pids wrap around; when the job's pid is near the top, scan everything.
-    after = after if after < 4000000 - 100000 else 0
-    return [pid for pid, value in tagged_processes(after) if value == tag]
+    digest = hashlib.sha256()
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    with os.fdopen(fd, "rb") as f:
+        while True:
+            block = f.read(1 << 20)
+            if not block:
+                break
+            digest.update(block)
+    return key.split("-", 1)[0] == digest.hexdigest()
 
 
 def kind_of(mode):
@@ -685,27 +747,23 @@ def walk(start, base):
             continue
 
 
-def socket_path(root, token):
-    path = os.path.join(root, "agents", token + ".sock")
-    if len(path.encode()) < 100:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        return path
-    short = "/tmp/ssh_scheduler-%d" % os.getuid()  # unix socket paths are short
-    os.makedirs(short, mode=0o700, exist_ok=True)
-    return os.path.join(short, token + ".sock")
-
-
-def relay(path):
+def relay(name):
     """If an agent for this token is alive, become a pipe between it and our channel.
 
-    Returns False (nothing done) when no agent answers on the socket.
+    Returns False (nothing done) when no agent answers on the socket ``name`` (in the current
+    folder).  Raises Refused when the process answering is not ours.
     """
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.connect(path)
+        sock.connect(name)
     except OSError:
         sock.close()
         return False
+    uid = G.peer_uid(sock)
+    if uid != os.getuid():
+        sock.close()
+        raise G.Refused("the agent socket %s is held by another user (uid %d)"
+                        % (os.path.abspath(name), uid))
     import selectors
 
     sel = selectors.DefaultSelector()
@@ -746,17 +804,27 @@ def use_pidfd_watcher(loop):
 
 def main(root="~/.ssh_scheduler", token=""):
     root_abs = os.path.abspath(os.path.expanduser(root))
-    os.makedirs(root_abs, mode=0o700, exist_ok=True)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # outlive the session that started us
-    path = socket_path(root_abs, token) if token else None
-    if path and relay(path):
-        return
+    try:
+        if token and not G.TOKEN.match(token):
+            raise G.Refused("batch token %r is not a plain name" % token[:80])
+        G.private_root(root_abs, (CACHE_DIR, JOBS_DIR, AGENTS_DIR))
+        # The socket is named relative to its folder: no path length limit to work around.
+        os.chdir(os.path.join(root_abs, AGENTS_DIR))
+        name = token + ".sock" if token else None
+        if name and relay(name):
+            return
+    except (G.Refused, OSError) as exc:
+        # One plain line: the coordinator shows it as the reason the host is unusable.
+        sys.stdout.write("ssh_scheduler agent refused to start: %s\n" % exc)
+        sys.stdout.flush()
+        sys.exit(2)
     agent = Agent(root_abs, token)
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     use_pidfd_watcher(loop)
     try:
-        loop.run_until_complete(agent.serve(path))
+        loop.run_until_complete(agent.serve(name))
     finally:
         loop.close()
 

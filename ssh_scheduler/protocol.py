@@ -426,6 +426,9 @@ class Exit(Event):
     entries: Any = None  # the results listing when the run asked for one (decode_listing)
 
 
+OUTPUT_LIMIT = "the output limit was reached"  # Exit.message of a job killed for it
+
+
 class Run(Request):
     """Start a job; Started, Output... and Exit events follow (one round trip per job).
 
@@ -443,6 +446,7 @@ class Run(Request):
     stage: Optional[Staging] = None
     listing: bool = False
     listing_paths: Optional[List[str]] = None
+    max_output: Optional[int] = None  # bytes of stdout + stderr; past it the job is killed
 
 
 class Resume(Request):

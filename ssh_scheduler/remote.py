@@ -75,7 +75,8 @@ async def execute_remote(
 
             try:
                 ended = await session.run(
-                    name, command, cwd=jobdir, env=env, out_path=None, err_path=None, on_output=on_output
+                    name, command, cwd=jobdir, env=env, out_path=None, err_path=None, on_output=on_output,
+                    max_output=options.limits.max_output_bytes,
                 )
             finally:
                 for fd in files.values():

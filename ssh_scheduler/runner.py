@@ -11,6 +11,7 @@ import asyncio
 import base64
 import contextlib
 import itertools
+import posixpath
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
@@ -38,7 +39,26 @@ class JobExit:
 class _RunningJob:
     on_output: Callable[[int, bytes], None]
     on_started: Callable[[int], None]
+    on_limit: Callable[[], None] = lambda: None
+    room: int | None = None  # bytes of output still accepted (None: no limit)
+    limit: int | None = None
     done: asyncio.Future[JobExit] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+def root_matches(root: str, workdir: str) -> bool:
+    """Is the work root an agent reports the one configured?  A coordinator never takes a path
+    from a host on trust: a false agent (once, one listening on a socket we reached) answered
+    ``/tmp/evilroot`` and received our inputs.  ``~`` cannot be checked here (the home folder
+    is the host's to know), so the root must at least end with the rest of the path."""
+    if not root.startswith("/") or posixpath.normpath(root) != root or "\x00" in root:
+        return False
+    if workdir.startswith("~"):
+        rest = workdir.split("/", 1)[1] if "/" in workdir else ""
+        rest = posixpath.normpath(rest) if rest else ""
+        return not rest or root.endswith("/" + rest)
+    if workdir.startswith("/"):
+        return root == posixpath.normpath(workdir)
+    return root.endswith("/" + posixpath.normpath(workdir))
 
 
 class HostSession:
@@ -65,10 +85,21 @@ class HostSession:
     def name(self) -> str:
         return self.machine.name
 
+    def inside_root(self, path: str) -> bool:
+        """Is ``path`` inside this host's work root?  (Everything we upload or fetch must be.)"""
+        return bool(self.root) and posixpath.normpath(path).startswith(self.root + "/")
+
     async def __aenter__(self) -> HostSession:
         self.agent = await self.transport.start_agent(self.token)
         self._tasks.append(asyncio.create_task(self._read_events()))
         hello = await self._call(P.Hello(lease=self.lease), P.HelloReply, timeout=30)
+        if not root_matches(hello.root, self.machine.workdir):
+            await self.close(orderly=False)
+            raise ConnectionLostError(
+                f"{describe(self.machine)}: the agent reports the work root "
+                f"{printable(hello.root)}, not the configured workdir "
+                f"{printable(self.machine.workdir)}; nothing was sent there"
+            )
         self.root = hello.root
         self.agent_jobs = {name: {"running": s.running, "code": s.code} for name, s in hello.jobs.items()}
         self._tasks.append(asyncio.create_task(self._renew_lease()))
@@ -193,11 +224,29 @@ class HostSession:
     # protocol.py must be here: tests/test_protocol.py checks).
     @staticmethod
     def _on_output(running: _RunningJob, event: P.Output) -> None:
+        if event.fd not in (1, 2):
+            raise P.ProtocolError(f"'out': fd {event.fd} is neither 1 nor 2 (job {event.job})")
         try:
             data = base64.b64decode(event.data, validate=True)
         except ValueError:
             raise P.ProtocolError(f"'out': data is not base64 (job {event.job})") from None
+        if running.room is not None:  # the host is held to the limit too, whatever it sends
+            if running.room < 0:
+                return
+            if len(data) > running.room:
+                running.on_output(event.fd, data[: running.room])
+                HostSession._over_limit(running)
+                running.on_limit()
+                return
+            running.room -= len(data)
         running.on_output(event.fd, data)
+
+    @staticmethod
+    def _over_limit(running: _RunningJob) -> None:
+        running.room = -1  # said once; any later output is dropped
+        running.on_output(2, (
+            f"\nssh_scheduler: the job's output passed the limit of {running.limit} bytes "
+            f"(--max-output-bytes); the job was killed\n").encode())
 
     @staticmethod
     def _on_started(running: _RunningJob, event: P.Started) -> None:
@@ -207,6 +256,8 @@ class HostSession:
     def _on_exit(running: _RunningJob, event: P.Exit) -> None:
         if running.done.done():
             return
+        if event.message == P.OUTPUT_LIMIT and running.room is not None and running.room >= 0:
+            HostSession._over_limit(running)  # the agent stopped it at the limit
         if event.code is None:  # staging failed, or the agent does not know the job
             ended = JobExit(None, host_lost=True, message=printable(event.message))
         else:
@@ -282,20 +333,23 @@ class HostSession:
         on_started: Callable[[int], None] = lambda pid: None,
         stage: tuple[list[tuple[str, str]], list[str]] | None = None,
         results: list[str] | bool | None = False,
+        max_output: int | None = None,
     ) -> JobExit:
         """Run a job to its end.  Cancelling this kills the job's whole process tree.
 
         ``stage``: (files, dirs) to link from the cache into ``cwd`` first.  ``results``: list
         what to bring home with the exit (None: what the job created or changed; a list: those
-        paths; False: nothing) -- each saves a round trip per job.
+        paths; False: nothing) -- each saves a round trip per job.  ``max_output``: bytes of
+        stdout and stderr together; past it the rest is dropped and the job killed.
         """
         request = P.Run(
             job=job, cmd=command, cwd=cwd, env=env, out=out_path, err=err_path,
             stage=None if stage is None else P.Staging(files=_staged(stage[0]), dirs=stage[1]),
             listing=results is not False,
             listing_paths=results if isinstance(results, list) else None,
+            max_output=max_output,
         )
-        return await self._follow(job, request, on_output, on_started)
+        return await self._follow(job, request, on_output, on_started, max_output)
 
     async def resume(
         self, job: str, offsets: tuple[int, int], on_output: Callable[[int, bytes], None]
@@ -311,8 +365,15 @@ class HostSession:
         request: P.Request,
         on_output: Callable[[int, bytes], None],
         on_started: Callable[[int], None],
+        max_output: int | None = None,
     ) -> JobExit:
-        running = _RunningJob(on_output, on_started)
+        running = _RunningJob(on_output, on_started, room=max_output, limit=max_output)
+
+        def over_limit() -> None:
+            task = asyncio.create_task(self.kill(job, grace=1.0))
+            self._tasks.append(task)
+
+        running.on_limit = over_limit
         self._jobs[job] = running
         try:
             await self._send(request)

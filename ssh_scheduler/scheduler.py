@@ -671,6 +671,7 @@ class Batch:
                     on_output=write,
                     stage=staging,
                     results=list(self._copy_backwards(job) or ()) or None,
+                    max_output=self.options.limits.max_output_bytes,
                 )
                 ended = await self._with_timeout(run, outcome)
             outcome.ended = time.time()

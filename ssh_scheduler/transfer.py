@@ -152,11 +152,14 @@ class HostCache:
         await asyncio.gather(*(self._ready[key] for key in unique))
 
     async def _upload(self, f: LocalFile) -> None:
-        mode = 0o555 if f.key.endswith("-x") else 0o444
+        # Private (like the work root around it), read-only: a job that rewrites an input in
+        # place must not change what later jobs are linked to.
+        mode = 0o500 if f.key.endswith("-x") else 0o400
+        target = f"{self.host.root}/cache/{f.key}"
+        if not self.host.inside_root(target):
+            raise TransferError(f"{self.host.name}: refusing to upload to {shown(target)}, outside the work root")
         async with self._limit:
-            sent = await self.host.transport.upload(
-                f.path, f"{self.host.root}/cache/{f.key}", mode
-            )
+            sent = await self.host.transport.upload(f.path, target, mode)
         self.bytes_uploaded += sent
         self.files_uploaded += 1
 
@@ -181,6 +184,7 @@ async def prepare_forward(
 class CopyLimits:
     max_bytes: int = 10 * 1024**3
     max_files: int = 100_000
+    max_output_bytes: int | None = None  # a job's streamed stdout + stderr (None: no limit)
 
 
 @dataclass(slots=True)
@@ -307,6 +311,8 @@ async def fetch_back(
     """
     if dest.exists() or dest.is_symlink():
         raise TransferError(f"{dest} already exists; results are never overwritten")
+    if not host.inside_root(jobdir):
+        raise TransferError(f"{host.name}: refusing to fetch from {shown(jobdir)}, outside the work root")
     if entries is None:
         entries = await host.manifest(jobdir, list(paths) if paths else None)
     if isinstance(entries, list) and len(entries) > limits.max_files:

@@ -55,18 +55,22 @@ def printable(text: object, limit: int = 300) -> str:
     return shown if len(shown) <= limit else shown[: limit - 3] + "..."
 
 
+AGENT_HELPERS = ("protocol", "hostguard")  # shipped with agent.py, in this order
+
+
 def agent_bootstrap(python: str, root: str, token: str = "") -> str:
     """The shell command that starts the agent: its source travels on the command line.
 
     With a batch ``token``, a still-running agent of that batch is reattached to (see agent.py).
     """
     here = Path(__file__).parent
-    # protocol.py runs first as module ssh_scheduler_protocol, where agent.py looks for it.
-    sources = (here / "protocol.py").read_bytes() + b"\0" + (here / "agent.py").read_bytes()
+    # The helper modules run first, each as module ssh_scheduler_<name>, where agent.py looks
+    # for them; then the agent.
+    sources = b"\0".join((here / f"{name}.py").read_bytes() for name in (*AGENT_HELPERS, "agent"))
     blob = base64.b64encode(zlib.compress(sources, 9)).decode()
     code = (
-        "import sys,zlib,base64;p,a=zlib.decompress(base64.b64decode(sys.argv[1])).split(b'\\0',1);"
-        "m=sys.modules['ssh_scheduler_protocol']=type(sys)('ssh_scheduler_protocol');exec(p,m.__dict__);"
+        "import sys,zlib,base64;*h,a=zlib.decompress(base64.b64decode(sys.argv[1])).split(b'\\0')\n"
+        f"for n,s in zip({AGENT_HELPERS!r},h):m=sys.modules['ssh_scheduler_'+n]=type(sys)(n);exec(s,m.__dict__)\n"
         "g={'__name__':'ssh_scheduler_agent'};exec(a,g);g['main'](*sys.argv[2:4])"
     )
     # -I -S: no site packages or PYTHON* variables to read, half the start-up time; the agent

@@ -127,6 +127,7 @@ class HostileServer:
             key_paths=(str(self.key_path),),
             known_hosts=(str(self.known_hosts),),
             connect_timeout=10.0,
+            workdir=ROOT,  # what this host's hello answers (the coordinator checks it)
         )
         fields.update(overrides)
         return Machine(**fields)
