@@ -81,17 +81,16 @@ class Agent(object):
         self.last_heard = time.monotonic()
         self.client = None  # the coordinator we answer now
         self.done = None  # resolved by "bye"
-        self.reap_tags = set()  # tags of ended jobs, where prctl is missing
-        self.spawning = 0
+        self.ended_jobs = []  # ended since the last sweep
         self.closing = False
         self.idle = None
         self.tasks = set()
         self.shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
         self.subreaper = None  # prctl's answer, asked at the first job (see hostguard)
-        self.children = set()  # pids of our own children besides job shells (probes, spawning)
+        self.children = set()  # pids of our own children besides job shells (probes)
         self.sweep_handle = None
         self.zombies = []
-        self.verified = {}  # cache key -> (ino, size, mtime_ns, ctime_ns) whose hash matched
+        self.trust = None  # which cache entries hashed true (G.CacheTrust), at the first "have"
 
     # -- plumbing ---------------------------------------------------------------------------------
     def send(self, message):
@@ -137,6 +136,7 @@ class Agent(object):
         await self.wait_jobs()
         if self.tasks:  # requests that came before "bye" (a last remove, say) still run,
             await asyncio.wait(list(self.tasks), timeout=2.0)  # but a hung probe cannot hold us
+        self.end_all()
         if server is not None:
             server.close()
             try:
@@ -199,8 +199,7 @@ class Agent(object):
                     time.sleep(2.0)
                 for job in running:
                     self.kill_tree(job, signal.SIGKILL)
-                if self.subreaper:  # and whatever ended jobs left behind
-                    G.kill_below(os.getpid(), include_top=False)
+                self.end_all()  # and whatever ended jobs left behind
                 # Nobody came back for the results: a later run of the batch starts these jobs
                 # afresh, so their folders are only litter now.
                 self.sweep(self.token + "-")
@@ -220,25 +219,41 @@ class Agent(object):
 
     # -- killing ----------------------------------------------------------------------------------
     def contain(self):
-        """Make this agent a child subreaper (once): what a job leaves behind comes to us."""
+        """Make this agent a child subreaper (once, at the first job): whatever a job leaves
+        behind is re-parented to us, never to init (see hostguard)."""
         if self.subreaper is None:
             self.subreaper = G.set_subreaper()
         return self.subreaper
 
-    def kill_tree(self, job, sig):
-        """Signal every process of the job: the tree below its shell (a subreaper, so nothing
-        escapes it by setsid, double fork or ``env -i``), its process group, and (where prctl
-        is missing) whatever carries its tag."""
+    def orphans(self, table, kids):
+        """{pid: working folder} of our children that are neither a running job's shell nor one
+        of our own commands: what jobs left behind (re-parented to us)."""
+        keep = set(j.pid for j in self.running_jobs()) | self.children
+        return dict((pid, G.working_folder(pid)) for pid in kids.get(os.getpid(), ())
+                    if pid not in keep and table[pid][2] != b"Z")
+
+    def processes_of(self, job, table=None):
+        """Every process of the job: the tree below its shell and below each orphan working in
+        its folder; or, where prctl is missing, its process group and what carries its tag."""
         if job.pid is None:
-            return
-        try:
-            os.killpg(job.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-        if self.subreaper:
-            G.signal_all(G.subtree(G.children_map(G.process_table()), job.pid), sig)
-        else:
-            G.signal_all(G.tagged_pids(job.tag, job.pid), sig)
+            return []
+        if not self.subreaper:
+            return [job.pid, *G.tagged_pids(job.tag, job.pid)]
+        table = table if table is not None else G.process_table()
+        kids = G.children_map(table)
+        pids = G.subtree(kids, job.pid)
+        for pid, folder in self.orphans(table, kids).items():
+            if job.jobdir and G.inside(folder, job.jobdir):
+                pids.extend(G.subtree(kids, pid))
+        return pids
+
+    def kill_tree(self, job, sig):
+        if job.pid is not None:
+            try:
+                os.killpg(job.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        G.signal_all(self.processes_of(job), sig)
 
     def kill_orphans(self):
         """Processes tagged with our batch token that no live agent owns (their agent was
@@ -247,33 +262,40 @@ class Agent(object):
         G.signal_all([pid for pid, tag in G.tagged_processes() if tag.startswith(prefix)],
                      signal.SIGKILL)
 
-    def sweep_later(self, tag):
-        """Kill what is left of ended jobs, scanning /proc once for all jobs that ended within
-        the same few milliseconds (one scan per job end would cost O(jobs x processes))."""
-        self.reap_tags.add(tag)
+    def sweep_later(self, job):
+        """Kill what ended jobs left, scanning /proc once for all jobs that ended within the
+        same few milliseconds (one scan per job end would cost O(jobs x processes))."""
+        self.ended_jobs.append(job)
         if self.sweep_handle is None:
             self.sweep_handle = asyncio.get_event_loop().call_later(0.05, self.sweep_leftovers)
 
     def sweep_leftovers(self):
-        """An ended job's leftovers are now our children (we are their subreaper): every child
-        that is not a running job's shell or one of our own commands is killed, with all below
-        it, and reaped."""
         self.sweep_handle = None
+        ended, self.ended_jobs = self.ended_jobs, []
         if not self.subreaper:
-            tags, self.reap_tags = self.reap_tags, set()
+            tags = set(j.tag for j in ended)
             G.signal_all([pid for pid, tag in G.tagged_processes() if tag in tags], signal.SIGKILL)
             return
-        if self.spawning:
-            self.sweep_handle = asyncio.get_event_loop().call_later(0.05, self.sweep_leftovers)
-            return
-        kids = G.children_map(G.process_table())
+        table = G.process_table()
+        kids = G.children_map(table)
+        me = os.getpid()
+        # Zombies among our children that asyncio does not wait for: orphans that ended.
         keep = set(j.pid for j in self.running_jobs()) | self.children
-        left = [pid for pid in kids.get(os.getpid(), ()) if pid not in keep]
+        self.zombies = G.reap(set(self.zombies) | set(
+            pid for pid in kids.get(me, ()) if pid not in keep and table[pid][2] == b"Z"))
+        left = [pid for pid, folder in self.orphans(table, kids).items()
+                if any(j.jobdir and G.inside(folder, j.jobdir) for j in ended)]
         for pid in left:
             G.signal_all(G.subtree(kids, pid), signal.SIGKILL)
-        self.zombies = G.reap(self.zombies + left)
-        if left or self.zombies:  # their children come to us next, and zombies need reaping
+        self.zombies.extend(left)
+        if self.zombies:  # reaped once they are dead
             self.sweep_handle = asyncio.get_event_loop().call_later(0.05, self.sweep_leftovers)
+
+    def end_all(self):
+        """The agent ends: nothing any job started may outlive it."""
+        if self.subreaper:
+            G.kill_below(os.getpid(), include_top=False)
+            G.reap([pid for pid, (ppid, _, _) in G.process_table().items() if ppid == os.getpid()])
 
     async def kill_job(self, job, grace):
         """TERM the job's tree, wait (for its exit, not by polling) up to ``grace``, then KILL."""
@@ -314,19 +336,15 @@ class Agent(object):
                                rc=proc.returncode, own=self.own_usage()))
 
     def own_usage(self):
-        """PIDs and resident memory of every process of each running job (its tree)."""
+        """PIDs and resident memory of every process of each running job."""
         running = self.running_jobs()
         usage = dict((j.name, P.JobUsage()) for j in running)
         if not running:
             return usage
         page_kb = os.sysconf("SC_PAGE_SIZE") // 1024
         table = G.process_table()
-        kids = G.children_map(table)
         for job in running:
-            if job.pid is None:
-                continue
-            pids = G.subtree(kids, job.pid) if self.subreaper else [job.pid, *G.tagged_pids(job.tag, job.pid)]
-            found = [pid for pid in pids if pid in table]
+            found = [pid for pid in self.processes_of(job, table) if pid in table]
             usage[job.name].pids = found
             usage[job.name].rss_mb = sum(table[pid][1] for pid in found) * page_kb // 1024
         return usage
@@ -340,29 +358,11 @@ class Agent(object):
         self.send(P.HaveReply(id=req.id, missing=missing))
 
     def missing_from_cache(self, keys, sizes):
-        missing = []
-        for key in keys:
-            path = os.path.join(self.cache, key)
-            if "/" in key or key.startswith("."):
-                missing.append(key)
-                continue
-            try:
-                st = os.lstat(path)
-            except OSError:
-                missing.append(key)
-                continue
-            seen = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-            if self.verified.get(key) == seen:
-                continue
-            if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid()
-                    or (key in sizes and st.st_size != sizes[key]) or not hash_matches(path, key)):
-                try:
-                    os.unlink(path)
-                except OSError:
-                    pass
-                missing.append(key)
-                continue
-            self.verified[key] = seen
+        trust = self.trust
+        if trust is None:
+            trust = self.trust = G.CacheTrust(self.cache, os.path.join(self.root, "cache-trusted.json"))
+        missing = [key for key in keys if not trust.check(key, sizes.get(key))]
+        trust.save()
         return missing
 
     async def op_stage(self, req):
@@ -430,21 +430,17 @@ class Agent(object):
         env[G.TAG_VAR] = job.tag
         loop = asyncio.get_event_loop()
         protocol = JobProtocol(self, job, loop)
-        contained = self.contain()
-        self.spawning += 1
+        self.contain()
         try:
             transport, _ = await loop.subprocess_exec(
                 lambda: protocol, self.shell, "-c", req.cmd, cwd=req.cwd, env=env,
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, start_new_session=True,
-                preexec_fn=G.set_subreaper if contained else None)
+                stderr=asyncio.subprocess.PIPE, start_new_session=True)
         except (OSError, subprocess.SubprocessError) as exc:
             protocol.close_files()
             job.code = 127
             self.send(P.Exit(job=name, code=127, message=str(exc)))
             return
-        finally:
-            self.spawning -= 1
         job.transport = transport
         job.pid = transport.get_pid()
         self.send(P.Started(job=name, pid=job.pid))
@@ -456,7 +452,7 @@ class Agent(object):
             os.killpg(job.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-        self.sweep_later(job.tag)
+        self.sweep_later(job)
         try:
             await asyncio.wait_for(asyncio.shield(protocol.drained), 2.0)
         except asyncio.TimeoutError:
@@ -689,24 +685,6 @@ async def start_unix_server(agent, name):
         return await asyncio.start_unix_server(on_client, path=name, limit=1 << 26)
     finally:
         os.umask(old_umask)
-
-
-def hash_matches(path, key):
-    """Cache keys are ``<sha256 of the content>-<r|x>``."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return False
-    with os.fdopen(fd, "rb") as f:
-        while True:
-            block = f.read(1 << 20)
-            if not block:
-                break
-            digest.update(block)
-    return key.split("-", 1)[0] == digest.hexdigest()
 
 
 def kind_of(mode):

@@ -11,8 +11,11 @@ is never used, a token that climbs out is refused, and no job process outlives C
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ssh_scheduler import hostguard
 from ssh_scheduler.errors import TransportError
 from ssh_scheduler.remote import RemoteOptions, execute_remote
 from ssh_scheduler.runner import root_matches
@@ -294,3 +298,53 @@ async def test_a_hello_root_outside_the_workdir_gets_nothing(tmp_path: Path) -> 
         assert [r.TAG for r in hostile.requests] == ["hello"]
     finally:
         await hostile.stop()
+
+
+# --- the same rules, on this machine (no cluster) ------------------------------------------------
+
+
+def test_cache_trust_is_by_hash_and_remembered(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    good = cache / cache_key(b"good\n")
+    good.write_bytes(b"good\n")
+    forged = cache / cache_key(b"ours\n")
+    forged.write_bytes(b"evil\n")  # same size, other bytes
+    record = tmp_path / "trusted.json"
+    trust = hostguard.CacheTrust(str(cache), str(record))
+    assert trust.check(good.name, 5) and not trust.check(forged.name, 5)
+    assert not forged.exists()  # removed, to be uploaded again
+    assert not trust.check(cache_key(b"x"), None)  # absent
+    trust.save()
+    assert json.loads(record.read_text()) == {good.name: list(trust.known[good.name])}
+    # A later agent trusts it without hashing, until the file changes.
+    again = hostguard.CacheTrust(str(cache), str(record))
+    assert again.check(good.name, 5)
+    good.chmod(0o600)
+    good.write_bytes(b"bad!\n")
+    assert not hostguard.CacheTrust(str(cache), str(record)).check(good.name, 5)
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o1777])
+def test_the_agent_refuses_a_work_root_others_may_write(tmp_path: Path, mode: int) -> None:
+    root = tmp_path / "shared"
+    root.mkdir()
+    root.chmod(mode)
+    done = subprocess.run(["/bin/sh", "-c", agent_bootstrap(sys.executable, str(root))],
+                          input=b"", capture_output=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert done.stdout.decode() == (
+        f"ssh_scheduler agent refused to start: {root} is writable by other users (mode "
+        f"{mode:o}); run `chmod 700 {root}` if it is yours, or choose another workdir\n")
+    assert sorted(os.listdir(root)) == []
+
+
+def test_the_agent_refuses_a_symlinked_subfolder(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir(mode=0o700)
+    (tmp_path / "elsewhere").mkdir()
+    (root / "jobs").symlink_to(tmp_path / "elsewhere")
+    done = subprocess.run(["/bin/sh", "-c", agent_bootstrap(sys.executable, str(root))],
+                          input=b"", capture_output=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert f"{root}/jobs is not a folder (a symlink or a file)" in done.stdout.decode()
