@@ -787,6 +787,8 @@ def main(root="~/.ssh_scheduler", token=""):
         if token and not G.TOKEN.match(token):
             raise G.Refused("batch token %r is not a plain name" % token[:80])
         G.private_root(root_abs, (CACHE_DIR, JOBS_DIR, AGENTS_DIR))
+        if "CODE" in globals():  # shipped by transport.agent_bootstrap
+            G.keep_code(root_abs, *CODE)  # noqa: F821
         # The socket is named relative to its folder: no path length limit to work around.
         os.chdir(os.path.join(root_abs, AGENTS_DIR))
         name = token + ".sock" if token else None

@@ -94,6 +94,31 @@ def private_root(root, subdirs):
         private_dir(os.path.join(root, sub))
 
 
+def keep_code(root, name, code):
+    """Keep the agent's compiled code in the (checked) root for the next start, replacing any
+    other version's (see transport.agent_bootstrap, which loads it)."""
+    path = os.path.join(root, name)
+    try:
+        st = os.lstat(path)
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022:
+            return  # the one the bootstrap loaded (or could have)
+    except OSError:
+        pass
+    import marshal
+
+    tmp = "%s.%d" % (path, os.getpid())
+    try:
+        fd = create_private(tmp)
+        with os.fdopen(fd, "wb") as f:
+            f.write(marshal.dumps(code))
+        os.replace(tmp, path)
+        for other in os.listdir(root):
+            if other.startswith("code-") and other != name:
+                os.unlink(os.path.join(root, other))
+    except OSError:
+        pass  # only costs compiling again next time
+
+
 def create_private(path, append=False):
     """A new file only we can read; never follows a link, never reuses a planted name."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC

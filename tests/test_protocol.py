@@ -160,7 +160,7 @@ def test_the_agent_answers_a_malformed_request_with_an_error(tmp_path: Any) -> N
 
 def test_protocol_and_agent_travel_as_one_blob() -> None:
     command = agent_bootstrap("python3", "~/.ssh_scheduler", "tok")
-    blob = command.split()[-3]
+    blob = command.split()[-4]
     parts = zlib.decompress(base64.b64decode(blob)).split(b"\0")
     assert [part.split(b"\n", 1)[0][:24] for part in parts] == [
         b'"""The agent protocol: e', b'"""The agent\'s defences ', b'"""The host agent: a sma']

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import marshal
 import os
 import signal
 import subprocess
@@ -24,6 +25,7 @@ import pytest
 import yaml
 
 from ssh_scheduler import hostguard
+from ssh_scheduler import protocol as P
 from ssh_scheduler.errors import TransportError
 from ssh_scheduler.remote import RemoteOptions, execute_remote
 from ssh_scheduler.runner import root_matches
@@ -181,14 +183,16 @@ def test_the_agent_socket_is_out_of_another_users_reach(cluster4: Cluster, tmp_p
         wait_for_lines(proc, "started:", 1)
         sockets = host.run(f"ls {host.workdir}/agents").stdout.split()
         assert len(sockets) == 1 and sockets[0].endswith(".sock")
-        probe = host.run(
-            f"python3 -c 'import socket;socket.socket(socket.AF_UNIX).connect(\"{host.workdir}/agents/{sockets[0]}\")'",
-            user=other,
-        )
-        assert "PermissionError" in probe.stderr
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
+        connect = f"python3 -c 'import socket;socket.socket(socket.AF_UNIX).connect(\"{host.workdir}/agents/{sockets[0]}\")'"
+        assert "PermissionError" in host.run(connect, user=other).stderr
+        os.killpg(proc.pid, signal.SIGKILL)  # detached: the agent waits for us to come back
         proc.communicate()
+        assert any("sleep 30" in p for p in batch_processes(host))
+        assert "PermissionError" in host.run(connect, user=other).stderr
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
 
 
 # --- attack 5: escaping the kill -------------------------------------------------------------------
@@ -348,3 +352,33 @@ def test_the_agent_refuses_a_symlinked_subfolder(tmp_path: Path) -> None:
                           input=b"", capture_output=True, timeout=60, check=False)
     assert done.returncode == 2
     assert f"{root}/jobs is not a folder (a symlink or a file)" in done.stdout.decode()
+
+
+def test_compiled_code_is_loaded_only_from_a_private_file(tmp_path: Path) -> None:
+    """The agent keeps its compiled code in the work root; a copy others could have written is
+    never run (and is replaced)."""
+    root = tmp_path / "root"
+    command = agent_bootstrap(sys.executable, str(root))
+
+    def start() -> str:
+        with subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE) as proc:
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.write(P.Hello(id=1, lease=5).encode())
+            proc.stdin.flush()
+            answer = proc.stdout.readline().decode()
+            proc.stdin.write(P.Bye().encode())
+            proc.stdin.close()
+            assert proc.wait(timeout=60) == 0
+        return answer
+
+    assert '"ev":"hello"' in start()
+    (kept,) = [p for p in root.iterdir() if p.name.startswith("code-")]
+    assert kept.stat().st_mode & 0o777 == 0o600
+    assert '"ev":"hello"' in start()  # loaded from the kept code
+    marker = tmp_path / "pwned"
+    evil = compile(f"open({str(marker)!r}, 'w').close()", "evil", "exec")
+    kept.write_bytes(marshal.dumps([evil, evil, evil]))
+    kept.chmod(0o646)  # as if someone else could have written it
+    assert '"ev":"hello"' in start()
+    assert not marker.exists()
+    assert kept.stat().st_mode & 0o777 == 0o600  # replaced by a good one
