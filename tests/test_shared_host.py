@@ -382,3 +382,16 @@ def test_compiled_code_is_loaded_only_from_a_private_file(tmp_path: Path) -> Non
     assert '"ev":"hello"' in start()
     assert not marker.exists()
     assert kept.stat().st_mode & 0o777 == 0o600  # replaced by a good one
+
+
+def test_files_are_created_private_and_never_through_a_planted_name(tmp_path: Path) -> None:
+    target = tmp_path / "bashrc"
+    target.write_text("ours\n")
+    planted = tmp_path / "job.out"
+    planted.symlink_to(target)
+    with pytest.raises(FileExistsError):
+        hostguard.create_private(str(planted), append=True)
+    assert target.read_text() == "ours\n"
+    fd = hostguard.create_private(str(tmp_path / "fresh.out"), append=True)
+    os.close(fd)
+    assert (tmp_path / "fresh.out").stat().st_mode & 0o777 == 0o600
