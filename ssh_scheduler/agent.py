@@ -19,38 +19,32 @@ comes back within the lease, the agent kills every job it started and exits: no 
 This file must run on the remote python3 (3.8 or newer), so: stdlib only, no 3.9+ syntax, and no
 imports from the rest of the package.
 
-Requests (coordinator -> agent), one JSON object per line, all with an ``op``:
-  hello {lease}                          -> hello {pid, root, python, jobs: {job: {running, code}}}
-  ping                                   -> (renews the lease; no answer)
-  probe {id, cmd}                        -> probe {id, out, rc, own: {job: {pids, rss_mb}}}
-  have {id, hashes: [h...], sizes}       -> have {id, missing: [h...]}
-  stage {id, dir, files: [[rel, key]]}   -> staged {id}
-  run {job, cmd, cwd, env, out, err,     -> started {job, pid} ; out {job, fd, data(b64)} ... ;
-       stage?: {files, dirs},                  exit {job, code, entries?}  (entries: as manifest,
-       manifest?: {paths}}                     when asked; code null: staging failed)
-  resume {job, offsets: [n1, n2]}        -> the output after those offsets, then as run
-  kill {job, grace}                      -> (the job's exit event follows)
-  manifest {id, dir, job, paths|null}    -> manifest {id, entries: [[rel, kind, size, mode, link]]}
-  remove {id?, dir, job}                 -> removed {id} when given an id (also forgets the job)
-  sweep {id, prefix}                     -> swept {id}  (removes the batch's leftover job folders)
-  bye                                    -> exits once its jobs are done (orderly end)
+The requests, replies and events are defined in protocol.py, which travels with this file;
+each request ``X`` with tag ``x`` is served by the method ``op_x``.
 """
 
 import asyncio
 import base64
-import json
 import os
 import shutil
 import signal
 import socket
 import stat
+import subprocess
 import sys
 import threading
 import time
 
+if "ssh_scheduler_protocol" in sys.modules:  # shipped with us (transport.agent_bootstrap)
+    P = sys.modules["ssh_scheduler_protocol"]
+    G = sys.modules["ssh_scheduler_hostguard"]
+else:  # imported from the package (tests)
+    from ssh_scheduler import hostguard as G
+    from ssh_scheduler import protocol as P
+
 CACHE_DIR = "cache"
 JOBS_DIR = "jobs"
-TAG_VAR = "SSH_SCHEDULER_TAG"
+AGENTS_DIR = "agents"
 
 
 class Job(object):
@@ -66,7 +60,10 @@ class Job(object):
         self.subscribed = True
         self.files = {}
         self.jobdir = None
-        self.manifest = None  # {"paths": [...] | None}: list the results with the exit event
+        self.listing = False  # list the results with the exit event
+        self.listing_paths = None  # ...only these (None: what the job created or changed)
+        self.max_output = None  # bytes of stdout + stderr kept and sent; then the job is killed
+        self.over_limit = False
 
     @property
     def running(self):
@@ -84,21 +81,23 @@ class Agent(object):
         self.last_heard = time.monotonic()
         self.client = None  # the coordinator we answer now
         self.done = None  # resolved by "bye"
-        self.reap_tags = set()
-        self.reap_handle = None
+        self.ended_jobs = []  # ended since the last sweep
         self.closing = False
         self.idle = None
         self.tasks = set()
         self.shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
-        for sub in (self.cache, os.path.join(self.root, JOBS_DIR)):
-            os.makedirs(sub, mode=0o700, exist_ok=True)
+        self.subreaper = None  # prctl's answer, asked at the first job (see hostguard)
+        self.children = set()  # pids of our own children besides job shells (probes)
+        self.sweep_handle = None
+        self.zombies = []
+        self.trust = None  # which cache entries hashed true (G.CacheTrust), at the first "have"
 
     # -- plumbing ---------------------------------------------------------------------------------
-    def send(self, obj):
+    def send(self, message):
         client = self.client
         if client is None:
             return
-        data = (json.dumps(obj, separators=(",", ":")) + "\n").encode()
+        data = message.encode()
         try:
             client.write(data)
         except Exception:
@@ -137,6 +136,7 @@ class Agent(object):
         await self.wait_jobs()
         if self.tasks:  # requests that came before "bye" (a last remove, say) still run,
             await asyncio.wait(list(self.tasks), timeout=2.0)  # but a hung probe cannot hold us
+        self.end_all()
         if server is not None:
             server.close()
             try:
@@ -161,33 +161,30 @@ class Agent(object):
                 return  # replaced by a newer connection
             self.last_heard = time.monotonic()
             try:
-                req = json.loads(line)
-            except ValueError:
+                req = P.decode_request(line)
+            except P.ProtocolError as exc:
+                self.send(P.Error(id=exc.id, job=exc.job, message=str(exc)))
                 continue
-            op = req.get("op")
-            if op == "bye":
-                self.closing = True
-                if self.done is not None and not self.done.done():
-                    self.done.set_result(None)
+            if isinstance(req, P.Bye):
+                self.op_bye(req)
                 break
-            handler = getattr(self, "op_" + str(op), None)
-            if handler is None:
-                self.send({"ev": "error", "id": req.get("id"), "message": "unknown op %r" % op})
-                continue
-            task = asyncio.ensure_future(self.guard(handler, req))
-            self.tasks.add(task)  # keep a reference until it ends (the loop holds weak ones)
-            task.add_done_callback(self.tasks.discard)
+            handler = getattr(self, "op_" + req.TAG)
+            self.keep(asyncio.ensure_future(self.guard(handler, req)))
         if self.client is writer:
             self.client = None
             for job in self.jobs.values():
                 job.subscribed = False
 
+    def keep(self, task):
+        self.tasks.add(task)  # keep a reference until it ends (the loop holds weak ones)
+        task.add_done_callback(self.tasks.discard)
+
     async def guard(self, handler, req):
         try:
             await handler(req)
         except Exception as exc:  # report, never die: one bad request must not kill other jobs
-            self.send({"ev": "error", "id": req.get("id"), "job": req.get("job"),
-                       "message": "%s: %s" % (type(exc).__name__, exc)})
+            self.send(P.Error(id=req.id, job=getattr(req, "job", None),
+                              message="%s: %s" % (type(exc).__name__, exc)))
 
     def watchdog(self):
         # Cut networks never deliver EOF and killed coordinators never say bye: the lease is
@@ -202,6 +199,7 @@ class Agent(object):
                     time.sleep(2.0)
                 for job in running:
                     self.kill_tree(job, signal.SIGKILL)
+                self.end_all()  # and whatever ended jobs left behind
                 # Nobody came back for the results: a later run of the batch starts these jobs
                 # afresh, so their folders are only litter now.
                 self.sweep(self.token + "-")
@@ -220,47 +218,84 @@ class Agent(object):
             await self.idle
 
     # -- killing ----------------------------------------------------------------------------------
+    def contain(self):
+        """Make this agent a child subreaper (once, at the first job): whatever a job leaves
+        behind is re-parented to us, never to init (see hostguard)."""
+        if self.subreaper is None:
+            self.subreaper = G.set_subreaper()
+        return self.subreaper
+
+    def orphans(self, table, kids):
+        """{pid: working folder} of our children that are neither a running job's shell nor one
+        of our own commands: what jobs left behind (re-parented to us)."""
+        keep = set(j.pid for j in self.running_jobs()) | self.children
+        return dict((pid, G.working_folder(pid)) for pid in kids.get(os.getpid(), ())
+                    if pid not in keep and table[pid][2] != b"Z")
+
+    def processes_of(self, job, table=None):
+        """Every process of the job: the tree below its shell and below each orphan working in
+        its folder; or, where prctl is missing, its process group and what carries its tag."""
+        if job.pid is None:
+            return []
+        if not self.subreaper:
+            return [job.pid, *G.tagged_pids(job.tag, job.pid)]
+        table = table if table is not None else G.process_table()
+        kids = G.children_map(table)
+        pids = G.subtree(kids, job.pid)
+        for pid, folder in self.orphans(table, kids).items():
+            if job.jobdir and G.inside(folder, job.jobdir):
+                pids.extend(G.subtree(kids, pid))
+        return pids
+
     def kill_tree(self, job, sig):
-        """Signal the job's process group and every process carrying its tag (descendants that
-        called setsid or double-forked out of the group)."""
         if job.pid is not None:
             try:
                 os.killpg(job.pid, sig)
             except (ProcessLookupError, PermissionError):
                 pass
-        for pid in tagged_pids(job.tag, job.pid or 0):
-            try:
-                os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
+        G.signal_all(self.processes_of(job), sig)
 
     def kill_orphans(self):
         """Processes tagged with our batch token that no live agent owns (their agent was
-        killed): a fresh agent for the token ends them."""
+        killed, so they went to init): a fresh agent for the token ends them."""
         prefix = self.token + ":"
-        for pid, tag in tagged_processes():
-            if tag.startswith(prefix):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+        G.signal_all([pid for pid, tag in G.tagged_processes() if tag.startswith(prefix)],
+                     signal.SIGKILL)
 
-    def reap_later(self, tag):
-        """Kill what is left of ended jobs, scanning /proc once for all jobs that ended within
-        the same few milliseconds (one scan per job end would cost O(jobs x processes))."""
-        self.reap_tags.add(tag)
-        if self.reap_handle is None:
-            self.reap_handle = asyncio.get_event_loop().call_later(0.05, self.reap)
+    def sweep_later(self, job):
+        """Kill what ended jobs left, scanning /proc once for all jobs that ended within the
+        same few milliseconds (one scan per job end would cost O(jobs x processes))."""
+        self.ended_jobs.append(job)
+        if self.sweep_handle is None:
+            self.sweep_handle = asyncio.get_event_loop().call_later(0.05, self.sweep_leftovers)
 
-    def reap(self):
-        self.reap_handle = None
-        tags, self.reap_tags = self.reap_tags, set()
-        for pid, tag in tagged_processes():
-            if tag in tags:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+    def sweep_leftovers(self):
+        self.sweep_handle = None
+        ended, self.ended_jobs = self.ended_jobs, []
+        if not self.subreaper:
+            tags = set(j.tag for j in ended)
+            G.signal_all([pid for pid, tag in G.tagged_processes() if tag in tags], signal.SIGKILL)
+            return
+        table = G.process_table()
+        kids = G.children_map(table)
+        me = os.getpid()
+        # Zombies among our children that asyncio does not wait for: orphans that ended.
+        keep = set(j.pid for j in self.running_jobs()) | self.children
+        self.zombies = G.reap(set(self.zombies) | set(
+            pid for pid in kids.get(me, ()) if pid not in keep and table[pid][2] == b"Z"))
+        left = [pid for pid, folder in self.orphans(table, kids).items()
+                if any(j.jobdir and G.inside(folder, j.jobdir) for j in ended)]
+        for pid in left:
+            G.signal_all(G.subtree(kids, pid), signal.SIGKILL)
+        self.zombies.extend(left)
+        if self.zombies:  # reaped once they are dead
+            self.sweep_handle = asyncio.get_event_loop().call_later(0.05, self.sweep_leftovers)
+
+    def end_all(self):
+        """The agent ends: nothing any job started may outlive it."""
+        if self.subreaper:
+            G.kill_below(os.getpid(), include_top=False)
+            G.reap([pid for pid, (ppid, _, _) in G.process_table().items() if ppid == os.getpid()])
 
     async def kill_job(self, job, grace):
         """TERM the job's tree, wait (for its exit, not by polling) up to ``grace``, then KILL."""
@@ -274,59 +309,65 @@ class Agent(object):
 
     # -- requests ---------------------------------------------------------------------------------
     async def op_hello(self, req):
-        self.lease = float(req.get("lease", self.lease))
-        jobs = dict((j.name, {"running": j.running, "code": j.code}) for j in self.jobs.values())
-        self.send({"ev": "hello", "id": req.get("id"), "pid": os.getpid(), "root": self.root,
-                   "python": sys.version.split()[0], "jobs": jobs})
+        self.lease = req.lease
+        jobs = dict((j.name, P.JobState(running=j.running, code=j.code)) for j in self.jobs.values())
+        self.send(P.HelloReply(id=req.id, pid=os.getpid(), root=self.root,
+                               python=sys.version.split()[0], jobs=jobs))
 
     async def op_ping(self, req):
         pass
 
+    def op_bye(self, req):
+        """Orderly end (called in line: nothing after it on this connection is read)."""
+        self.closing = True
+        if self.done is not None and not self.done.done():
+            self.done.set_result(None)
+
     async def op_probe(self, req):
         proc = await asyncio.create_subprocess_exec(
-            "/bin/sh", "-c", req["cmd"], stdin=asyncio.subprocess.DEVNULL,
+            "/bin/sh", "-c", req.cmd, stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
-        out, _ = await proc.communicate()
-        self.send({"ev": "probe", "id": req["id"], "out": out.decode("utf-8", "replace"),
-                   "rc": proc.returncode, "own": self.own_usage()})
+        self.children.add(proc.pid)
+        try:
+            out, _ = await proc.communicate()
+        finally:
+            self.children.discard(proc.pid)
+        self.send(P.ProbeReply(id=req.id, out=out.decode("utf-8", "replace"),
+                               rc=proc.returncode, own=self.own_usage()))
 
     def own_usage(self):
-        """PIDs and resident memory of every process of each running job (found by its tag)."""
-        by_tag = dict((j.tag, j.name) for j in self.running_jobs())
-        usage = dict((name, {"pids": [], "rss_mb": 0}) for name in by_tag.values())
-        if not by_tag:
+        """PIDs and resident memory of every process of each running job."""
+        running = self.running_jobs()
+        usage = dict((j.name, P.JobUsage()) for j in running)
+        if not running:
             return usage
         page_kb = os.sysconf("SC_PAGE_SIZE") // 1024
-        for pid, tag in tagged_processes():
-            name = by_tag.get(tag)
-            if name is None:
-                continue
-            usage[name]["pids"].append(pid)
-            try:
-                with open("/proc/%d/statm" % pid) as f:
-                    usage[name]["rss_mb"] += int(f.read().split()[1]) * page_kb // 1024
-            except (OSError, IndexError, ValueError):
-                pass
+        table = G.process_table()
+        for job in running:
+            found = [pid for pid in self.processes_of(job, table) if pid in table]
+            usage[job.name].pids = found
+            usage[job.name].rss_mb = sum(table[pid][1] for pid in found) * page_kb // 1024
         return usage
 
     async def op_have(self, req):
-        missing = []
-        sizes = req.get("sizes") or {}
-        for key in req["hashes"]:
-            path = os.path.join(self.cache, key)
-            try:
-                st = os.lstat(path)
-            except OSError:
-                missing.append(key)
-                continue
-            if not stat.S_ISREG(st.st_mode) or (key in sizes and st.st_size != sizes[key]):
-                os.unlink(path)
-                missing.append(key)
-        self.send({"ev": "have", "id": req["id"], "missing": missing})
+        """Which cache entries are missing.  An entry is trusted only when it is ours, a plain
+        file, and its content hashes to its name (checked once per agent; in a thread, since
+        inputs can be large); anything else is removed and reported missing."""
+        loop = asyncio.get_event_loop()
+        missing = await loop.run_in_executor(None, self.missing_from_cache, req.hashes, req.sizes)
+        self.send(P.HaveReply(id=req.id, missing=missing))
+
+    def missing_from_cache(self, keys, sizes):
+        trust = self.trust
+        if trust is None:
+            trust = self.trust = G.CacheTrust(self.cache, os.path.join(self.root, "cache-trusted.json"))
+        missing = [key for key in keys if not trust.check(key, sizes.get(key))]
+        trust.save()
+        return missing
 
     async def op_stage(self, req):
-        self.stage(req["dir"], req["files"], req.get("dirs", ()))
-        self.send({"ev": "staged", "id": req["id"]})
+        self.stage(req.dir, req.files, req.dirs)
+        self.send(P.Staged(id=req.id))
 
     def stage(self, jobdir, files, dirs):
         """Give a job its private directory, its inputs hard-linked from the cache.
@@ -343,7 +384,8 @@ class Agent(object):
         record = {}
         for rel in dirs:
             os.makedirs(os.path.join(jobdir, rel), exist_ok=True)
-        for rel, key in files:
+        for staged in files:
+            rel, key = staged.rel, staged.key
             target = os.path.join(jobdir, rel)
             parent = os.path.dirname(target)
             if parent:
@@ -359,50 +401,58 @@ class Agent(object):
 
     async def op_run(self, req):
         """Start a job (staging its inputs first when asked: one round trip instead of two)."""
-        name = req["job"]
+        name = req.job
         old = self.jobs.get(name)
         if old is not None and old.running:
             raise ValueError("job %s is already running" % name)
-        job = Job(name, "%s:%s" % (self.token, name), req.get("out"), req.get("err"))
-        job.jobdir = req["cwd"]
-        job.manifest = req.get("manifest")
+        job = Job(name, "%s:%s" % (self.token, name), req.out, req.err)
+        job.jobdir = req.cwd
+        job.listing = req.listing
+        job.listing_paths = req.listing_paths
+        job.max_output = req.max_output
         job.ended = asyncio.get_event_loop().create_future()
         self.jobs[name] = job
-        if req.get("stage") is not None:
+        if req.stage is not None:
             try:
-                self.stage(req["cwd"], req["stage"]["files"], req["stage"].get("dirs", ()))
+                self.stage(req.cwd, req.stage.files, req.stage.dirs)
             except Exception as exc:
                 job.code = -1
-                self.send({"ev": "exit", "job": name, "code": None,
-                           "message": "staging failed: %s: %s" % (type(exc).__name__, exc)})
+                self.send(P.Exit(job=name, message="staging failed: %s: %s" % (type(exc).__name__, exc)))
                 return
+        for path in (job.out_path, job.err_path):  # an earlier attempt's (created afresh below)
+            if path and self.inside_root(path):
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
         env = dict(os.environ)
-        env.update(req.get("env") or {})
-        env[TAG_VAR] = job.tag
+        env.update(req.env)
+        env[G.TAG_VAR] = job.tag
         loop = asyncio.get_event_loop()
         protocol = JobProtocol(self, job, loop)
+        self.contain()
         try:
             transport, _ = await loop.subprocess_exec(
-                lambda: protocol, self.shell, "-c", req["cmd"], cwd=req["cwd"], env=env,
+                lambda: protocol, self.shell, "-c", req.cmd, cwd=req.cwd, env=env,
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, start_new_session=True)
-        except OSError as exc:
+        except (OSError, subprocess.SubprocessError) as exc:
             protocol.close_files()
             job.code = 127
-            self.send({"ev": "exit", "job": name, "code": 127, "message": str(exc)})
+            self.send(P.Exit(job=name, code=127, message=str(exc)))
             return
         job.transport = transport
         job.pid = transport.get_pid()
-        self.send({"ev": "started", "job": name, "pid": job.pid})
+        self.send(P.Started(job=name, pid=job.pid))
         await protocol.exited
         # The shell is gone, but a background grandchild may live on (and hold the pipes open):
-        # end its group now, then drain what it wrote before reporting the exit.  Descendants
-        # that left the group are found by their tag in one coalesced /proc scan (see reap).
+        # end its group now, then drain what it wrote before reporting the exit.  The rest of
+        # its tree is now ours (we are its subreaper): one coalesced /proc scan ends it.
         try:
             os.killpg(job.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-        self.reap_later(job.tag)
+        self.sweep_later(job)
         try:
             await asyncio.wait_for(asyncio.shield(protocol.drained), 2.0)
         except asyncio.TimeoutError:
@@ -422,18 +472,19 @@ class Agent(object):
             self.send_exit(job)
 
     def send_exit(self, job):
-        event = {"ev": "exit", "job": job.name, "code": job.code}
-        if job.manifest is not None and job.jobdir:
-            event["entries"] = self.list_results(job.jobdir, job.manifest.get("paths"))
-        self.send(event)
+        entries = None
+        if job.listing and job.jobdir:
+            entries = P.encode_listing(self.list_results(job.jobdir, job.listing_paths))
+        self.send(P.Exit(job=job.name, code=job.code, entries=entries,
+                         message=P.OUTPUT_LIMIT if job.over_limit else None))
 
     async def op_resume(self, req):
         """A coordinator that came back takes up a job: what it missed, then live output."""
-        job = self.jobs.get(req["job"])
+        job = self.jobs.get(req.job)
         if job is None:
-            self.send({"ev": "exit", "job": req["job"], "code": None, "message": "unknown job"})
+            self.send(P.Exit(job=req.job, message="unknown job"))
             return
-        offsets = req.get("offsets") or [0, 0]
+        offsets = [*req.offsets, 0, 0][:2]
         # No await between reading the files and subscribing: nothing is lost or doubled.
         for fd, path, offset in ((1, job.out_path, offsets[0]), (2, job.err_path, offsets[1])):
             if not path:
@@ -445,8 +496,8 @@ class Agent(object):
                         chunk = f.read(1 << 16)
                         if not chunk:
                             break
-                        self.send({"ev": "out", "job": job.name, "fd": fd,
-                                   "data": base64.b64encode(chunk).decode()})
+                        self.send(P.Output(job=job.name, fd=fd,
+                                           data=base64.b64encode(chunk).decode()))
             except OSError:
                 pass
         job.subscribed = True
@@ -454,13 +505,13 @@ class Agent(object):
             self.send_exit(job)
 
     async def op_kill(self, req):
-        job = self.jobs.get(req["job"])
+        job = self.jobs.get(req.job)
         if job is not None and job.running:
-            await self.kill_job(job, float(req.get("grace", 5.0)))
+            await self.kill_job(job, req.grace)
 
     async def op_manifest(self, req):
-        entries = self.list_results(req["dir"], req.get("paths"))
-        self.send({"ev": "manifest", "id": req["id"], "entries": entries})
+        entries = self.list_results(req.dir, req.paths)
+        self.send(P.ManifestReply(id=req.id, entries=P.encode_listing(entries)))
 
     def list_results(self, jobdir, explicit):
         """What to bring home from a job directory, never following a link.
@@ -498,12 +549,13 @@ class Agent(object):
                             pass
                 if kind == "dir" and not explicit:
                     continue  # directories come along with the files in them
-                entries.append([rel, kind, st.st_size, stat.S_IMODE(st.st_mode), link])
+                entries.append(P.ManifestEntry(path=rel, kind=kind, size=st.st_size,
+                                               mode=stat.S_IMODE(st.st_mode), link=link))
         return entries
 
     async def op_remove(self, req):
-        path = req["dir"]
-        job = self.jobs.get(req.get("job") or "")
+        path = req.dir
+        job = self.jobs.get(req.job or "")
         if job is not None:
             if job.running:
                 await self.kill_job(job, 2.0)
@@ -517,14 +569,14 @@ class Agent(object):
         if self.inside_root(os.path.dirname(path)) and os.path.isdir(path):
             shutil.rmtree(path, ignore_errors=True)
         self.staged.pop(path, None)
-        if req.get("id") is not None:
-            self.send({"ev": "removed", "id": req["id"]})
+        if req.id is not None:
+            self.send(P.Removed(id=req.id))
 
 
     async def op_sweep(self, req):
         """The batch is over: remove every job folder and output file it left here."""
-        self.sweep(str(req["prefix"]))
-        self.send({"ev": "swept", "id": req["id"]})
+        self.sweep(req.prefix)
+        self.send(P.Swept(id=req.id))
 
     def sweep(self, prefix):
         jobs_dir = os.path.join(self.root, JOBS_DIR)
@@ -560,17 +612,27 @@ class JobProtocol(asyncio.SubprocessProtocol):
         self.exited = loop.create_future()
         self.drained = loop.create_future()
         self.open_pipes = set([1, 2])
+        self.room = job.max_output  # bytes of output left before the job is killed
 
     def pipe_data_received(self, fd, data):
+        if self.room is not None:
+            if self.room <= 0:
+                return  # over the limit: the job is being killed, its output dropped
+            if len(data) >= self.room:
+                data = data[:self.room]
+                self.job.over_limit = True
+                self.agent.keep(asyncio.ensure_future(self.agent.kill_job(self.job, 1.0)))
+            self.room -= len(data)
         copy = self.files.get(fd)
         if copy is None and self.paths.get(fd):
-            copy = self.files[fd] = open(self.paths[fd], "ab")
+            # Never through a planted link, never into a file someone else made.
+            copy = self.files[fd] = os.fdopen(G.create_private(self.paths[fd], append=True), "ab")
         if copy is not None:
             copy.write(data)
             copy.flush()
         if self.job.subscribed:
-            self.agent.send({"ev": "out", "job": self.job.name, "fd": fd,
-                             "data": base64.b64encode(data).decode()})
+            self.agent.send(P.Output(job=self.job.name, fd=fd,
+                                     data=base64.b64encode(data).decode()))
 
     def pipe_connection_lost(self, fd, exc):
         self.open_pipes.discard(fd)
@@ -602,54 +664,27 @@ def feed_from_file(loop, reader):
     loop.call_soon_threadsafe(reader.feed_eof)
 
 
-async def start_unix_server(agent, path):
+async def start_unix_server(agent, name):
+    """Listen on ``name`` in the current folder (our private agents folder: no path length
+    limit to work around, nobody else can reach or replace it); only our own uid may talk."""
     async def on_client(reader, writer):
-        await agent.attach(reader, writer)
+        sock = writer.get_extra_info("socket")
         try:
-            writer.close()
-        except Exception:
-            pass
+            if sock is not None and G.peer_uid(sock) == os.getuid():
+                await agent.attach(reader, writer)
+        finally:
+            try:
+                writer.close()
+            except Exception:
+                pass
 
-    if os.path.exists(path):
-        os.unlink(path)  # a dead agent's socket (connecting to it failed)
+    if os.path.lexists(name):
+        os.unlink(name)  # a dead agent's socket (connecting to it failed)
     old_umask = os.umask(0o077)
     try:
-        return await asyncio.start_unix_server(on_client, path=path, limit=1 << 26)
+        return await asyncio.start_unix_server(on_client, path=name, limit=1 << 26)
     finally:
         os.umask(old_umask)
-
-
-def tagged_processes(after=0):
-    """(pid, tag) of every process we may read whose environment carries our tag.
-
-    ``after``: only pids above it (a job's descendants were born after it; skipping the rest
-    keeps this cheap on the hot path of every job's end).
-    """
-    needle = (TAG_VAR + "=").encode()
-    me = os.getpid()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        pid = int(entry)
-        if pid == me or pid <= after:
-            continue
-        try:
-            with open("/proc/%s/environ" % entry, "rb") as f:
-                data = f.read()
-        except OSError:
-            continue
-        start = data.find(needle)
-        if start < 0 or (start > 0 and data[start - 1:start] != b"\0"):
-            continue
-        end = data.find(b"\0", start)
-        value = data[start + len(needle):end if end >= 0 else len(data)]
-        yield int(entry), value.decode("utf-8", "replace")
-
-
-def tagged_pids(tag, after=0):
-    # Pids wrap around; when the job's pid is near the top, scan everything.
-    after = after if after < 4000000 - 100000 else 0
-    return [pid for pid, value in tagged_processes(after) if value == tag]
 
 
 def kind_of(mode):
@@ -690,27 +725,23 @@ def walk(start, base):
             continue
 
 
-def socket_path(root, token):
-    path = os.path.join(root, "agents", token + ".sock")
-    if len(path.encode()) < 100:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        return path
-    short = "/tmp/ssh_scheduler-%d" % os.getuid()  # unix socket paths are short
-    os.makedirs(short, mode=0o700, exist_ok=True)
-    return os.path.join(short, token + ".sock")
-
-
-def relay(path):
+def relay(name):
     """If an agent for this token is alive, become a pipe between it and our channel.
 
-    Returns False (nothing done) when no agent answers on the socket.
+    Returns False (nothing done) when no agent answers on the socket ``name`` (in the current
+    folder).  Raises Refused when the process answering is not ours.
     """
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.connect(path)
+        sock.connect(name)
     except OSError:
         sock.close()
         return False
+    uid = G.peer_uid(sock)
+    if uid != os.getuid():
+        sock.close()
+        raise G.Refused("the agent socket %s is held by another user (uid %d)"
+                        % (os.path.abspath(name), uid))
     import selectors
 
     sel = selectors.DefaultSelector()
@@ -751,17 +782,29 @@ def use_pidfd_watcher(loop):
 
 def main(root="~/.ssh_scheduler", token=""):
     root_abs = os.path.abspath(os.path.expanduser(root))
-    os.makedirs(root_abs, mode=0o700, exist_ok=True)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # outlive the session that started us
-    path = socket_path(root_abs, token) if token else None
-    if path and relay(path):
-        return
+    try:
+        if token and not G.TOKEN.match(token):
+            raise G.Refused("batch token %r is not a plain name" % token[:80])
+        G.private_root(root_abs, (CACHE_DIR, JOBS_DIR, AGENTS_DIR))
+        if "CODE" in globals():  # shipped by transport.agent_bootstrap
+            G.keep_code(root_abs, *CODE)  # noqa: F821
+        # The socket is named relative to its folder: no path length limit to work around.
+        os.chdir(os.path.join(root_abs, AGENTS_DIR))
+        name = token + ".sock" if token else None
+        if name and relay(name):
+            return
+    except (G.Refused, OSError) as exc:
+        # One plain line: the coordinator shows it as the reason the host is unusable.
+        sys.stdout.write("ssh_scheduler agent refused to start: %s\n" % exc)
+        sys.stdout.flush()
+        sys.exit(2)
     agent = Agent(root_abs, token)
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     use_pidfd_watcher(loop)
     try:
-        loop.run_until_complete(agent.serve(path))
+        loop.run_until_complete(agent.serve(name))
     finally:
         loop.close()
 

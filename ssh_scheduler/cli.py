@@ -151,6 +151,7 @@ def execute_batch(
     lease: LeaseOpt = 60.0,
     max_result_bytes: Annotated[int, typer.Option("--max-result-bytes")] = 10 * 1024**3,
     max_result_files: Annotated[int, typer.Option("--max-result-files")] = 100_000,
+    max_output_bytes: Annotated[int | None, typer.Option("--max-output-bytes", help="stdout + stderr a job may send back; past it the job is killed")] = None,
     retries: Annotated[int, typer.Option("--retries", help="run a failed job again up to N times, on another host if possible")] = 0,
     retry_failed: Annotated[bool, typer.Option("--retry-failed", help="rerun jobs an earlier run recorded as failed (their results move to job_results/.failed/)")] = False,
     allow_changed: Annotated[bool, typer.Option("--allow-changed", help="run jobs whose command changed since the journal recorded them")] = False,
@@ -195,7 +196,7 @@ def execute_batch(
             accept_new=accept_new,
             probe_interval=probe_interval,
             lease=lease,
-            limits=CopyLimits(max_result_bytes, max_result_files),
+            limits=CopyLimits(max_result_bytes, max_result_files, max_output_bytes),
             retries=retries,
             retry_failed=retry_failed,
             allow_changed=allow_changed,
@@ -237,12 +238,14 @@ def execute_remote(
     accept_new: Annotated[bool, typer.Option("--accept-new", help="trust and record an unknown host key")] = False,
     results_dir: Annotated[Path, typer.Option("--results-dir")] = Path("job_results"),
     timeout: Annotated[float | None, typer.Option("--timeout", help="seconds the job may run before its processes are killed (exit 124)")] = None,
+    max_output_bytes: Annotated[int | None, typer.Option("--max-output-bytes", help="stdout + stderr the job may send back; past it the job is killed")] = None,
 ) -> None:
     """Run one command on one machine, streaming its output; exits with its exit status."""
     from .batch import validate_job_name
     from .config import load_machine, local_machine
     from .remote import RemoteOptions
     from .remote import execute_remote as run_remote
+    from .transfer import CopyLimits
 
     try:
         if job_name is not None:
@@ -256,6 +259,7 @@ def execute_remote(
             accept_new=accept_new,
             gpus=gpus,
             timeout=timeout,
+            limits=CopyLimits(max_output_bytes=max_output_bytes),
         )
         code = run_async(lambda: run_remote(target, command, options, warn=lambda w: err_line(f"warning: {w}")))
     except SchedulerError as exc:

@@ -69,6 +69,7 @@ class Executor(Protocol):
         stage: tuple[list[tuple[str, str]], list[str]] | None,
         results: list[str] | None,
         keep_output: bool = True,
+        max_output: int | None = None,
     ) -> JobExit: ...
 
     async def resume(self, job: str, offsets: tuple[int, int], on_output: OutputSink) -> JobExit: ...
@@ -142,6 +143,7 @@ class AgentExecutor:
         stage: tuple[list[tuple[str, str]], list[str]] | None,
         results: list[str] | None,
         keep_output: bool = True,
+        max_output: int | None = None,
     ) -> JobExit:
         return await self.session.run(
             job,
@@ -154,6 +156,7 @@ class AgentExecutor:
             on_output=on_output,
             stage=stage,
             results=results,
+            max_output=max_output,
         )
 
     async def resume(self, job: str, offsets: tuple[int, int], on_output: OutputSink) -> JobExit:

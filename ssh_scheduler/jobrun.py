@@ -143,6 +143,7 @@ class JobRun:
                     on_output=self.output.write,
                     stage=staging,
                     results=list(spec.copy_backwards or ()) or None,
+                    max_output=spec.limits.max_output_bytes,
                 )
                 if spec.timeout is None:
                     exit_ = await running

@@ -1,7 +1,7 @@
 """A host session: one transport plus the agent running on that host.
 
-It turns the agent's JSON lines into awaitable calls (``probe``, ``stage``, ``run``...) and job
-events into callbacks.  When the link dies, every pending call and running job resolves with a
+It turns the agent's messages (protocol.py) into awaitable calls (``probe``, ``stage``, ``run``...)
+and job events into callbacks.  When the link dies, every pending call and running job resolves with a
 ``HostLost`` result instead of hanging: a lost host is data the scheduler acts on.
 """
 
@@ -11,16 +11,17 @@ import asyncio
 import base64
 import contextlib
 import itertools
-import json
+import posixpath
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
+from . import protocol as P
 from .errors import ConnectionLostError, TransportError
 from .transport import AgentProcess, Transport, describe, printable
 
 DEFAULT_LEASE = 60.0
-T = TypeVar("T")
+R = TypeVar("R", bound=P.Reply)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,14 +32,33 @@ class JobExit:
     code: int | None
     host_lost: bool = False
     message: str | None = None
-    entries: list[Any] | None = None  # the results listing, when the run asked for one
+    entries: object = None  # the results listing, when the run asked for one (P.decode_listing)
 
 
 @dataclass(slots=True)
 class _RunningJob:
     on_output: Callable[[int, bytes], None]
     on_started: Callable[[int], None]
+    on_limit: Callable[[], None] = lambda: None
+    room: int | None = None  # bytes of output still accepted (None: no limit)
+    limit: int | None = None
     done: asyncio.Future[JobExit] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+def root_matches(root: str, workdir: str) -> bool:
+    """Is the work root an agent reports the one configured?  A coordinator never takes a path
+    from a host on trust: a false agent (once, one listening on a socket we reached) answered
+    ``/tmp/evilroot`` and received our inputs.  ``~`` cannot be checked here (the home folder
+    is the host's to know), so the root must at least end with the rest of the path."""
+    if not root.startswith("/") or posixpath.normpath(root) != root or "\x00" in root:
+        return False
+    if workdir.startswith("~"):
+        rest = workdir.split("/", 1)[1] if "/" in workdir else ""
+        rest = posixpath.normpath(rest) if rest else ""
+        return not rest or root.endswith("/" + rest)
+    if workdir.startswith("/"):
+        return root == posixpath.normpath(workdir)
+    return root.endswith("/" + posixpath.normpath(workdir))
 
 
 class HostSession:
@@ -54,7 +74,7 @@ class HostSession:
         self.root = ""
         self.agent: AgentProcess | None = None
         self._ids = itertools.count(1)
-        self._calls: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._calls: dict[int, asyncio.Future[P.Message]] = {}
         self._jobs: dict[str, _RunningJob] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._write_lock = asyncio.Lock()
@@ -65,12 +85,23 @@ class HostSession:
     def name(self) -> str:
         return self.machine.name
 
+    def inside_root(self, path: str) -> bool:
+        """Is ``path`` inside this host's work root?  (Everything we upload or fetch must be.)"""
+        return bool(self.root) and posixpath.normpath(path).startswith(self.root + "/")
+
     async def __aenter__(self) -> HostSession:
         self.agent = await self.transport.start_agent(self.token)
         self._tasks.append(asyncio.create_task(self._read_events()))
-        hello = await self._call({"op": "hello", "lease": self.lease}, timeout=30)
-        self.root = self._field(hello, "root", str)
-        self.agent_jobs = self._field(hello, "jobs", dict) if hello.get("jobs") else {}
+        hello = await self._call(P.Hello(lease=self.lease), P.HelloReply, timeout=30)
+        if not root_matches(hello.root, self.machine.workdir):
+            await self.close(orderly=False)
+            raise ConnectionLostError(
+                f"{describe(self.machine)}: the agent reports the work root "
+                f"{printable(hello.root)}, not the configured workdir "
+                f"{printable(self.machine.workdir)}; nothing was sent there"
+            )
+        self.root = hello.root
+        self.agent_jobs = {name: {"running": s.running, "code": s.code} for name, s in hello.jobs.items()}
         self._tasks.append(asyncio.create_task(self._renew_lease()))
         return self
 
@@ -80,7 +111,7 @@ class HostSession:
     async def close(self, *, orderly: bool = True) -> None:
         if self.agent is not None and self.lost is None and orderly:
             with contextlib.suppress(Exception):
-                await self._send({"op": "bye"})
+                await self._send(P.Bye())
                 self._flush()
         for task in self._tasks:
             task.cancel()
@@ -94,12 +125,12 @@ class HostSession:
         self._mark_lost("session closed")
 
     # -- wire -------------------------------------------------------------------------------------
-    async def _send(self, obj: dict[str, Any]) -> None:
+    async def _send(self, message: P.Request) -> None:
         """Queue a request; everything queued in one turn of the event loop leaves in one write
         (one SSH packet instead of one per job when a thousand jobs start at once)."""
         if self.lost is not None or self.agent is None:
             raise ConnectionLostError(f"{describe(self.machine)}: {self.lost or 'not started'}")
-        self._outbox.append((json.dumps(obj, separators=(",", ":")) + "\n").encode())
+        self._outbox.append(message.encode())
         if len(self._outbox) == 1:
             asyncio.get_running_loop().call_soon(self._flush)
         if self._outbox_bytes() > 1 << 20:
@@ -120,33 +151,32 @@ class HostSession:
         except Exception as exc:  # the channel closed under us: the reader will say why
             self._mark_lost(f"connection lost ({type(exc).__name__}: {exc})")
 
-    async def _call(self, obj: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+    async def _call(self, request: P.Request, reply: type[R], timeout: float | None = None) -> R:
         call_id = next(self._ids)
-        obj["id"] = call_id
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        request.id = call_id
+        future: asyncio.Future[P.Message] = asyncio.get_running_loop().create_future()
         self._calls[call_id] = future
         try:
-            await self._send(obj)
-            reply = await asyncio.wait_for(future, timeout)
+            await self._send(request)
+            answer = await asyncio.wait_for(future, timeout)
         except TimeoutError:
             raise ConnectionLostError(
-                f"{describe(self.machine)}: the agent did not answer {obj['op']!r} in {timeout:g} s"
+                f"{describe(self.machine)}: the agent did not answer {request.TAG!r} in {timeout:g} s"
             ) from None
         finally:
             self._calls.pop(call_id, None)
-        if reply.get("ev") == "error":
-            raise TransportError(f"{describe(self.machine)}: agent: {printable(reply.get('message'))}")
-        return reply
+        if isinstance(answer, P.Error):
+            raise TransportError(f"{describe(self.machine)}: agent: {printable(answer.message)}")
+        if not isinstance(answer, reply):
+            raise self._malformed(f"{answer.TAG!r} in answer to {request.TAG!r}")
+        return answer
 
-    def _field(self, reply: dict[str, Any], key: str, kind: type[T]) -> T:
-        """A field of an agent's reply, checked: a host must not crash us with a bad answer."""
-        value = reply.get(key)
-        if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
-            raise ConnectionLostError(
-                f"{describe(self.machine)}: the agent sent a malformed reply ({key!r} is not a "
-                f"{kind.__name__}); is the host's python3 working?"
-            )
-        return value
+    def _malformed(self, what: object) -> ConnectionLostError:
+        """A host must not crash us with a bad answer: its agent is broken (or hostile)."""
+        return ConnectionLostError(
+            f"{describe(self.machine)}: the agent sent a malformed answer ({printable(what)}); "
+            f"is the host's python3 working?"
+        )
 
     async def _read_events(self) -> None:
         assert self.agent is not None
@@ -160,7 +190,14 @@ class HostSession:
                     # e.g. "python3: command not found" from the login shell
                     reason = line.decode("utf-8", "replace").strip()[:200]
                     continue
-                self._dispatch(json.loads(line))
+                try:
+                    self._dispatch(P.decode_answer(line))
+                except P.ProtocolError as exc:
+                    call = self._calls.get(exc.id) if exc.id is not None else None
+                    if call is None or call.done():  # about a job, or about nothing: host lost
+                        reason = f"the agent sent a malformed answer ({printable(exc)})"
+                        break
+                    call.set_exception(self._malformed(exc))  # that call fails, the host stays
         except asyncio.CancelledError:
             reason = "session closed"
             raise
@@ -169,36 +206,69 @@ class HostSession:
         finally:
             self._mark_lost(reason)
 
-    def _dispatch(self, event: dict[str, Any]) -> None:
-        kind = event.get("ev")
-        job = event.get("job")
-        if kind in ("out", "started", "exit") and job is not None:
-            running = self._jobs.get(job)
-            if running is None:
-                return
-            if kind == "out":
-                running.on_output(int(event["fd"]), base64.b64decode(event["data"]))
-            elif kind == "started":
-                running.on_started(int(event["pid"]))
-            elif not running.done.done():
-                code = event.get("code")
-                if code is None:  # staging failed, or the agent does not know the job
-                    running.done.set_result(
-                        JobExit(None, host_lost=True, message=printable(event.get("message")))
-                    )
-                else:
-                    entries = event.get("entries")
-                    running.done.set_result(
-                        JobExit(int(code), message=printable(event.get("message")), entries=entries)
-                    )
+    def _dispatch(self, message: P.Message) -> None:
+        if isinstance(message, P.Event):
+            running = self._jobs.get(message.job)
+            if running is not None:
+                self._job_events[type(message)](running, message)
             return
-        call = self._calls.get(event.get("id", -1))
+        call = self._calls.get(message.id) if message.id is not None else None
         if call is not None and not call.done():
-            call.set_result(event)
-        elif kind == "error" and job is not None and job in self._jobs:
-            running = self._jobs[job]
+            call.set_result(message)
+        elif isinstance(message, P.Error) and message.job in self._jobs:
+            running = self._jobs[message.job]
             if not running.done.done():
-                running.done.set_result(JobExit(127, message=printable(event.get("message"))))
+                running.done.set_result(JobExit(127, message=printable(message.message)))
+
+    # What the coordinator does with each event the agent may send about a job (every Event in
+    # protocol.py must be here: tests/test_protocol.py checks).
+    @staticmethod
+    def _on_output(running: _RunningJob, event: P.Output) -> None:
+        if event.fd not in (1, 2):
+            raise P.ProtocolError(f"'out': fd {event.fd} is neither 1 nor 2 (job {event.job})")
+        try:
+            data = base64.b64decode(event.data, validate=True)
+        except ValueError:
+            raise P.ProtocolError(f"'out': data is not base64 (job {event.job})") from None
+        if running.room is not None:  # the host is held to the limit too, whatever it sends
+            if running.room < 0:
+                return
+            if len(data) > running.room:
+                running.on_output(event.fd, data[: running.room])
+                HostSession._over_limit(running)
+                running.on_limit()
+                return
+            running.room -= len(data)
+        running.on_output(event.fd, data)
+
+    @staticmethod
+    def _over_limit(running: _RunningJob) -> None:
+        running.room = -1  # said once; any later output is dropped
+        running.on_output(2, (
+            f"\nssh_scheduler: the job's output passed the limit of {running.limit} bytes "
+            f"(--max-output-bytes); the job was killed\n").encode())
+
+    @staticmethod
+    def _on_started(running: _RunningJob, event: P.Started) -> None:
+        running.on_started(event.pid)
+
+    @staticmethod
+    def _on_exit(running: _RunningJob, event: P.Exit) -> None:
+        if running.done.done():
+            return
+        if event.message == P.OUTPUT_LIMIT and running.room is not None and running.room >= 0:
+            HostSession._over_limit(running)  # the agent stopped it at the limit
+        if event.code is None:  # staging failed, or the agent does not know the job
+            ended = JobExit(None, host_lost=True, message=printable(event.message))
+        else:
+            ended = JobExit(event.code, message=printable(event.message), entries=event.entries)
+        running.done.set_result(ended)
+
+    _job_events: ClassVar[dict[type[P.Message], Callable[[_RunningJob, Any], None]]] = {
+        P.Output: _on_output,
+        P.Started: _on_started,
+        P.Exit: _on_exit,
+    }
 
     def _mark_lost(self, reason: str) -> None:
         if self.lost is None:
@@ -215,38 +285,40 @@ class HostSession:
         while True:
             await asyncio.sleep(self.lease / 4)
             try:
-                await self._send({"op": "ping"})
+                await self._send(P.Ping())
             except TransportError:
                 return
 
     # -- requests ---------------------------------------------------------------------------------
     async def probe(self, command: str, timeout: float = 30) -> tuple[str, int, dict[str, Any]]:
-        reply = await self._call({"op": "probe", "cmd": command}, timeout)
-        own = self._field(reply, "own", dict) if reply.get("own") else {}
-        return self._field(reply, "out", str), self._field(reply, "rc", int), own
+        """The command's output and status, and per running job {"pids": [...], "rss_mb": n}."""
+        reply = await self._call(P.Probe(cmd=command), P.ProbeReply, timeout)
+        own = {name: {"pids": u.pids, "rss_mb": u.rss_mb} for name, u in reply.own.items()}
+        return reply.out, reply.rc, own
 
-    async def have(self, keys: list[str], sizes: dict[str, int]) -> Any:
-        reply = await self._call({"op": "have", "hashes": keys, "sizes": sizes}, 120)
-        return reply.get("missing")  # transfer.HostCache checks what the host sent
+    async def have(self, keys: list[str], sizes: dict[str, int]) -> list[str]:
+        """Which of these cache entries the host lacks."""
+        reply = await self._call(P.Have(hashes=keys, sizes=sizes), P.HaveReply, 120)
+        return reply.missing
 
     async def stage(self, jobdir: str, files: list[tuple[str, str]], dirs: list[str]) -> None:
-        await self._call({"op": "stage", "dir": jobdir, "files": files, "dirs": dirs}, 300)
+        await self._call(P.Stage(dir=jobdir, files=_staged(files), dirs=dirs), P.Staged, 300)
 
-    async def manifest(self, jobdir: str, paths: list[str] | None) -> Any:
-        reply = await self._call({"op": "manifest", "dir": jobdir, "paths": paths}, 300)
-        return reply.get("entries")  # transfer.fetch_back checks what the host sent
+    async def manifest(self, jobdir: str, paths: list[str] | None) -> object:
+        reply = await self._call(P.Manifest(dir=jobdir, paths=paths), P.ManifestReply, 300)
+        return reply.entries  # transfer.fetch_back checks it (P.decode_listing)
 
     async def sweep(self, prefix: str) -> None:
         """Remove every job folder and output file whose name starts with ``prefix``."""
-        await self._call({"op": "sweep", "prefix": prefix}, 60)
+        await self._call(P.Sweep(prefix=prefix), P.Swept, 60)
 
     async def remove_soon(self, jobdir: str, job: str | None = None) -> None:
         """Like ``remove`` without waiting for the answer (the agent does them in order)."""
-        await self._send({"op": "remove", "dir": jobdir, "job": job})
+        await self._send(P.Remove(dir=jobdir, job=job))
 
     async def remove(self, jobdir: str, job: str | None = None) -> None:
         """Delete a job's directory (and, naming the job, its output files and record)."""
-        await self._call({"op": "remove", "dir": jobdir, "job": job}, 300)
+        await self._call(P.Remove(dir=jobdir, job=job), P.Removed, 300)
 
     async def run(
         self,
@@ -261,39 +333,47 @@ class HostSession:
         on_started: Callable[[int], None] = lambda pid: None,
         stage: tuple[list[tuple[str, str]], list[str]] | None = None,
         results: list[str] | bool | None = False,
+        max_output: int | None = None,
     ) -> JobExit:
         """Run a job to its end.  Cancelling this kills the job's whole process tree.
 
         ``stage``: (files, dirs) to link from the cache into ``cwd`` first.  ``results``: list
         what to bring home with the exit (None: what the job created or changed; a list: those
-        paths; False: nothing) -- each saves a round trip per job.
+        paths; False: nothing) -- each saves a round trip per job.  ``max_output``: bytes of
+        stdout and stderr together; past it the rest is dropped and the job killed.
         """
-        request: dict[str, Any] = {
-            "op": "run", "job": job, "cmd": command, "cwd": cwd, "env": env,
-            "out": out_path, "err": err_path,
-        }
-        if stage is not None:
-            request["stage"] = {"files": stage[0], "dirs": stage[1]}
-        if results is not False:
-            request["manifest"] = {"paths": results}
-        return await self._follow(job, request, on_output, on_started)
+        request = P.Run(
+            job=job, cmd=command, cwd=cwd, env=env, out=out_path, err=err_path,
+            stage=None if stage is None else P.Staging(files=_staged(stage[0]), dirs=stage[1]),
+            listing=results is not False,
+            listing_paths=results if isinstance(results, list) else None,
+            max_output=max_output,
+        )
+        return await self._follow(job, request, on_output, on_started, max_output)
 
     async def resume(
         self, job: str, offsets: tuple[int, int], on_output: Callable[[int, bytes], None]
     ) -> JobExit:
         """Take up a job the agent kept running while no coordinator was attached: the output
         after ``offsets`` (bytes of stdout, stderr already received) arrives first."""
-        request = {"op": "resume", "job": job, "offsets": list(offsets)}
+        request = P.Resume(job=job, offsets=list(offsets))
         return await self._follow(job, request, on_output, lambda pid: None)
 
     async def _follow(
         self,
         job: str,
-        request: dict[str, Any],
+        request: P.Request,
         on_output: Callable[[int, bytes], None],
         on_started: Callable[[int], None],
+        max_output: int | None = None,
     ) -> JobExit:
-        running = _RunningJob(on_output, on_started)
+        running = _RunningJob(on_output, on_started, room=max_output, limit=max_output)
+
+        def over_limit() -> None:
+            task = asyncio.create_task(self.kill(job, grace=1.0))
+            self._tasks.append(task)
+
+        running.on_limit = over_limit
         self._jobs[job] = running
         try:
             await self._send(request)
@@ -309,4 +389,8 @@ class HostSession:
             self._jobs.pop(job, None)
 
     async def kill(self, job: str, grace: float = 5.0) -> None:
-        await self._send({"op": "kill", "job": job, "grace": grace})
+        await self._send(P.Kill(job=job, grace=grace))
+
+
+def _staged(files: list[tuple[str, str]]) -> list[P.StagedFile]:
+    return [P.StagedFile(rel=rel, key=key) for rel, key in files]

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import TransferError, TransportError
+from .errors import TransferError
 
 # The walk, secrets, ignore file and size check live in the pure module forward; these names
 # stay importable from here.
@@ -32,6 +32,7 @@ from .forward import ForwardSet as ForwardSet
 from .forward import Hasher as Hasher
 from .forward import LocalFile as LocalFile
 from .forward import collect_forward as collect_forward
+from .protocol import ManifestEntry, ProtocolError, decode_listing
 from .runner import HostSession
 from .transport import RemoteFileError, SizeLimitExceeded, printable
 
@@ -57,14 +58,7 @@ class HostCache:
             self._ready[f.key] = loop.create_future()
         if new:
             try:
-                try:
-                    missing = set(
-                        await self.host.have([f.key for f in new], {f.key: f.size for f in new})
-                    )
-                except (KeyError, TypeError, ValueError):
-                    raise TransportError(
-                        f"{self.host.name}: the agent sent a malformed answer about its cache"
-                    ) from None
+                missing = set(await self.host.have([f.key for f in new], {f.key: f.size for f in new}))
                 await asyncio.gather(*(self._upload(f) for f in new if f.key in missing))
             except BaseException as exc:
                 for f in new:
@@ -79,11 +73,14 @@ class HostCache:
         await asyncio.gather(*(self._ready[key] for key in unique))
 
     async def _upload(self, f: LocalFile) -> None:
-        mode = 0o555 if f.key.endswith("-x") else 0o444
+        # Private (like the work root around it), read-only: a job that rewrites an input in
+        # place must not change what later jobs are linked to.
+        mode = 0o500 if f.key.endswith("-x") else 0o400
+        target = f"{self.host.root}/cache/{f.key}"
+        if not self.host.inside_root(target):
+            raise TransferError(f"{self.host.name}: refusing to upload to {shown(target)}, outside the work root")
         async with self._limit:
-            sent = await self.host.transport.upload(
-                f.path, f"{self.host.root}/cache/{f.key}", mode
-            )
+            sent = await self.host.transport.upload(f.path, target, mode)
         self.bytes_uploaded += sent
         self.files_uploaded += 1
 
@@ -108,6 +105,7 @@ async def prepare_forward(
 class CopyLimits:
     max_bytes: int = 10 * 1024**3
     max_files: int = 100_000
+    max_output_bytes: int | None = None  # a job's streamed stdout + stderr (None: no limit)
 
 
 @dataclass(slots=True)
@@ -234,23 +232,26 @@ async def fetch_back(
     """
     if dest.exists() or dest.is_symlink():
         raise TransferError(f"{dest} already exists; results are never overwritten")
-    try:
-        if entries is None:
-            entries = await host.manifest(jobdir, list(paths) if paths else None)
-    except (KeyError, TypeError, ValueError, AttributeError):
-        raise TransferError(
-            f"{host.name}:{jobdir}: the host sent a malformed list of results; nothing was "
-            f"copied back and the results stay on the host"
-        ) from None
-    if not isinstance(entries, list):
-        raise TransferError(f"{host.name}:{jobdir}: the host sent a malformed list of results")
-    if len(entries) > limits.max_files:
+    if not host.inside_root(jobdir):
+        raise TransferError(f"{host.name}: refusing to fetch from {shown(jobdir)}, outside the work root")
+    if entries is None:
+        entries = await host.manifest(jobdir, list(paths) if paths else None)
+    if isinstance(entries, list) and len(entries) > limits.max_files:
         raise TransferError(
             f"{host.name}:{jobdir} holds {len(entries)} entries, over the copy-back limit of "
             f"{limits.max_files} files (raise --max-result-files); the results stay on the host"
         )
+    try:
+        listing, malformed = decode_listing(entries)
+    except ProtocolError:
+        raise TransferError(
+            f"{host.name}:{jobdir}: the host sent a malformed list of results; nothing was "
+            f"copied back and the results stay on the host"
+        ) from None
     report = CopyBackReport()
-    if not entries:
+    if malformed:
+        _warn(report, f"{host.name}: malformed manifest entry skipped" + (f" ({malformed} in all)" if malformed > 1 else ""))
+    if not listing:
         os.mkdir(dest, 0o755)  # nothing to copy: an empty folder appears whole at once
         return report
     staging = dest.parent / f".partial-{dest.name}-{secrets.token_hex(4)}"
@@ -258,7 +259,7 @@ async def fetch_back(
     root_fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
         tree = _SafeTree(root_fd)
-        for entry in entries:
+        for entry in listing:
             await _fetch_entry(host, jobdir, tree, entry, report, limits)
         os.close(root_fd)
         root_fd = -1
@@ -284,29 +285,25 @@ async def _fetch_entry(
     host: HostSession,
     jobdir: str,
     tree: _SafeTree,
-    entry: object,
+    entry: ManifestEntry,
     report: CopyBackReport,
     limits: CopyLimits,
 ) -> None:
-    if not isinstance(entry, list) or len(entry) != 5:
-        _warn(report, f"{host.name}: malformed manifest entry skipped")
-        return
-    raw_rel, kind, _size, mode, link = entry
-    rel = safe_relpath(raw_rel)
+    kind, link = entry.kind, entry.link
+    rel = safe_relpath(entry.path)
     if rel is None:
-        _warn(report, f"{host.name}: unsafe name '{shown(raw_rel)}' refused")
+        _warn(report, f"{host.name}: unsafe name '{shown(entry.path)}' refused")
         return
     try:
         if kind == "dir":
             tree.mkdir(rel)
         elif kind == "link":
-            if isinstance(link, str) and link_stays_inside(rel, link):
+            if link is not None and link_stays_inside(rel, link):
                 tree.symlink(rel, link)
             else:
                 _warn(report, f"{shown(rel)}: symlink to '{shown(link)}' leaves the job folder; skipped")
         elif kind == "file":
-            file_mode = mode if isinstance(mode, int) and not isinstance(mode, bool) else 0o644
-            fd, dfd = tree.create_file(rel, file_mode)
+            fd, dfd = tree.create_file(rel, entry.mode)
             done = False
             try:
                 budget = limits.max_bytes - report.bytes

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
+import hashlib
 import os
 import secrets
 import shlex
@@ -57,20 +59,54 @@ def printable(text: object, limit: int = 300) -> str:
     return shown if len(shown) <= limit else shown[: limit - 3] + "..."
 
 
+AGENT_MODULES = ("protocol", "hostguard", "agent")  # shipped together, run in this order
+
+# Runs on the host (python3 >= 3.8); argv: blob, root, token, key.  Compiling the ~1500 lines
+# shipped cost more than the rest of the agent's start, so the code objects are kept in the work
+# root (code-<key of the sources>-<python's cache tag>, written by the agent once the root is
+# checked private) and loaded only when the root and that file are ours and writable by nobody
+# else, checked through descriptors, never following a link; otherwise the blob is compiled.
+# The helpers become modules ssh_scheduler_<name>, where agent.py looks for them.
+_BOOT = """\
+import sys,os,marshal
+n=('protocol','hostguard','agent');k='code-%s-%s'%(sys.argv[4],sys.implementation.cache_tag);c=None
+def mine(fd):
+ s=os.fstat(fd);return s.st_uid==os.getuid() and not s.st_mode&18
+try:
+ d=os.open(os.path.expanduser(sys.argv[2]),os.O_RDONLY|os.O_DIRECTORY|os.O_NOFOLLOW)
+ try:
+  f=os.open(k,os.O_RDONLY|os.O_NOFOLLOW,dir_fd=d)
+  with os.fdopen(f,'rb') as x:
+   if mine(d) and mine(f):c=marshal.load(x)
+ finally:os.close(d)
+except (OSError,ValueError,EOFError,TypeError):c=None
+if not isinstance(c,list) or len(c)!=3:
+ import zlib,base64;c=[compile(s,'ssh_scheduler/%s.py'%m,'exec') for m,s in zip(n,zlib.decompress(base64.b64decode(sys.argv[1])).split(b'\\0'))]
+for m,s in zip(n[:2],c):x=sys.modules['ssh_scheduler_'+m]=type(sys)(m);exec(s,x.__dict__)
+g={'__name__':'ssh_scheduler_agent','CODE':(k,c)};exec(c[2],g);g['main'](*sys.argv[2:4])
+"""
+
+
+@functools.cache
+def _agent_blob() -> tuple[str, str]:
+    """The shipped sources, compressed, and a key naming this version of them."""
+    here = Path(__file__).parent
+    sources = b"\0".join((here / f"{name}.py").read_bytes() for name in AGENT_MODULES)
+    return base64.b64encode(zlib.compress(sources, 9)).decode(), hashlib.sha256(sources).hexdigest()[:20]
+
+
 def agent_bootstrap(python: str, root: str, token: str = "") -> str:
     """The shell command that starts the agent: its source travels on the command line.
 
     With a batch ``token``, a still-running agent of that batch is reattached to (see agent.py).
     """
-    source = (Path(__file__).with_name("agent.py")).read_bytes()
-    blob = base64.b64encode(zlib.compress(source, 9)).decode()
-    code = (
-        "import sys,zlib,base64;g={'__name__':'ssh_scheduler_agent'};"
-        "exec(zlib.decompress(base64.b64decode(sys.argv[1])),g);g['main'](*sys.argv[2:4])"
-    )
+    blob, key = _agent_blob()
     # -I -S: no site packages or PYTHON* variables to read, half the start-up time; the agent
     # needs only the standard library.
-    return f"exec {python} -u -I -S -c {shlex.quote(code)} {blob} {shlex.quote(root)} {shlex.quote(token)}"
+    return (
+        f"exec {python} -u -I -S -c {shlex.quote(_BOOT)} {blob} {shlex.quote(root)} "
+        f"{shlex.quote(token)} {key}"
+    )
 
 
 class Stream(Protocol):

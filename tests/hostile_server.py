@@ -2,7 +2,7 @@
 
 It listens on 127.0.0.1 (port 0) with a fresh host key and accepts one generated client key.
 A command starting with ``exec python3 -u -I -S -c`` (``transport.agent_bootstrap``) gets an agent that
-speaks the JSON-lines protocol of ``ssh_scheduler/agent.py`` but answers ``manifest`` with
+speaks the protocol of ``ssh_scheduler/protocol.py`` (its own classes) but answers ``manifest`` with
 whatever the test put in :attr:`HostileServer.scenarios` for that job; the SFTP subsystem serves
 file contents from memory (or forever, for :data:`ENDLESS`) and never touches the local disk.
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import json
 import os
 import subprocess
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from typing import Any
 
 import asyncssh
 
+from ssh_scheduler import protocol as P
 from ssh_scheduler.config import Machine
 from ssh_scheduler.probe import PROBE_SCRIPT
 
@@ -77,7 +77,7 @@ class HostileServer:
         self.bad_have = False  # answer `have` with something that is not a list
         self.opened: list[str] = []  # every path the client asked the SFTP server to open
         self.uploaded: dict[str, bytes] = {}
-        self.requests: list[dict[str, Any]] = []  # every agent request seen
+        self.requests: list[P.Request] = []  # every agent request seen
         self.commands: list[str] = []  # every exec'd command
         self.server: Any = None
         self.port = 0
@@ -127,6 +127,7 @@ class HostileServer:
             key_paths=(str(self.key_path),),
             known_hosts=(str(self.known_hosts),),
             connect_timeout=10.0,
+            workdir=ROOT,  # what this host's hello answers (the coordinator checks it)
         )
         fields.update(overrides)
         return Machine(**fields)
@@ -152,59 +153,63 @@ class HostileServer:
                 process.exit(0)
 
     async def _agent(self, process: asyncssh.SSHServerProcess[bytes]) -> None:
-        def send(obj: dict[str, Any]) -> None:
-            process.stdout.write((json.dumps(obj) + "\n").encode())
+        # Built with the protocol's own classes, whose encode checks nothing: that is how this
+        # server sends ill-typed fields (a listing that is not a list, a number for names).
+        def send(message: P.Message) -> None:
+            process.stdout.write(message.encode())
 
         while True:
             line = await process.stdin.readline()
             if not line:
                 return
-            req = json.loads(line)
+            req = P.decode_request(line)
             self.requests.append(req)
-            op, rid = req.get("op"), req.get("id")
-            if op == "hello" and self.endless_hello:
+            if isinstance(req, P.Hello) and self.endless_hello:
                 process.stdout.write(b'{"ev":"hello","root":"')
                 block = b"x" * (1 << 20)
                 while True:
                     process.stdout.write(block)
                     await process.stdout.drain()
-            elif op == "hello":
-                send({"ev": "hello", "id": rid, "pid": 4242, "root": ROOT, "python": "3.11.0"})
-            elif op == "ping":
-                pass
-            elif op == "bye":
+            elif isinstance(req, P.Bye):
                 return
-            elif op == "probe":
-                send({"ev": "probe", "id": rid, "out": probe_output(), "rc": 0, "own": {}})
-            elif op == "have":
-                missing: Any = list(req["hashes"]) if self.missing_all else []
-                send({"ev": "have", "id": rid, "missing": 5 if self.bad_have else missing})
-            elif op == "stage":
-                send({"ev": "staged", "id": rid})
-            elif op == "run":
-                scenario = self.scenario_for(req["cwd"])
-                job = req["job"]
-                send({"ev": "started", "job": job, "pid": 4243})
-                if scenario.output:
-                    data = base64.b64encode(scenario.output).decode()
-                    send({"ev": "out", "job": job, "fd": 1, "data": data})
-                done: dict[str, Any] = {"ev": "exit", "job": job, "code": scenario.exit_code}
-                if "manifest" in req:  # the results listing rides on the exit event
-                    entries = scenario.entries
-                    done["entries"] = entries() if callable(entries) else entries
-                send(done)
-            elif op == "kill":
-                pass
-            elif op == "manifest":
-                entries = self.scenario_for(req["dir"]).entries
-                if callable(entries):
-                    entries = entries()
-                send({"ev": "manifest", "id": rid, "entries": entries})
-            elif op == "remove":
-                send({"ev": "removed", "id": rid})
-            else:
-                send({"ev": "error", "id": rid, "message": f"unknown op {op!r}"})
+            answer = self._answer(req)
+            for message in answer:
+                send(message)
             await process.stdout.drain()
+
+    def _answer(self, req: P.Request) -> list[P.Message]:
+        """What this host says to one request (every request type of the protocol)."""
+        rid = req.id
+        if isinstance(req, P.Hello):
+            return [P.HelloReply(id=rid, pid=4242, root=ROOT, python="3.11.0")]
+        if isinstance(req, P.Probe):
+            return [P.ProbeReply(id=rid, out=probe_output(), rc=0)]
+        if isinstance(req, P.Have):
+            missing: Any = list(req.hashes) if self.missing_all else []
+            return [P.HaveReply(id=rid, missing=5 if self.bad_have else missing)]
+        if isinstance(req, P.Stage):
+            return [P.Staged(id=rid)]
+        if isinstance(req, P.Run):
+            scenario = self.scenario_for(req.cwd)
+            events: list[P.Message] = [P.Started(job=req.job, pid=4243)]
+            if scenario.output:
+                data = base64.b64encode(scenario.output).decode()
+                events.append(P.Output(job=req.job, fd=1, data=data))
+            entries = None
+            if req.listing:  # the results listing rides on the exit event
+                entries = scenario.entries() if callable(scenario.entries) else scenario.entries
+            events.append(P.Exit(job=req.job, code=scenario.exit_code, entries=entries))
+            return events
+        if isinstance(req, P.Manifest):
+            entries = self.scenario_for(req.dir).entries
+            return [P.ManifestReply(id=rid, entries=entries() if callable(entries) else entries)]
+        if isinstance(req, P.Remove):
+            return [P.Removed(id=rid)] if rid is not None else []
+        if isinstance(req, P.Sweep):
+            return [P.Swept(id=rid)]
+        if isinstance(req, (P.Ping, P.Kill, P.Resume, P.Bye)):
+            return []  # nothing to say: no job here ever runs, so none is killed or resumed
+        return [P.Error(id=rid, message=f"unknown op {req.TAG!r}")]
 
     # -- the fake file system (used by the SFTP server) ---------------------------------------
     def content_for(self, path: str) -> Any:

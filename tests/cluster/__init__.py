@@ -44,6 +44,7 @@ API (see the docstrings in ``_impl.py``)
         total_mb=None), set_loadavg(load), hold_gpu(index, mb, util=100, *, user=None,
         name="python3", oversubscribe=False) -> GpuHold (.pid, .release()),
         kill_user_processes(), wipe_home(), reset(wipe_home=False)
+    Cluster.other_user() -> a second unix user on every host (namespaced mode), for attacks
     cleanup_leftovers(*, include_persistent=False, only=None), namespaces_available(),
     sshd_available(), skip_or_fail(reason), in_ci()
 

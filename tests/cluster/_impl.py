@@ -691,14 +691,16 @@ exec {self.cluster.python} -IS '{base}/shared/host_init.py'
             env.update(HOME="/root", USER="root", LOGNAME="root")
         else:
             pw = pwd.getpwnam(user)
+            # Another host's user (or the cluster's other_user) has no home on this host.
+            home = pw.pw_dir if user == self.user else "/tmp"
             argv += [
-                f"--wd={pw.pw_dir}",
+                f"--wd={home}",
                 "setpriv",
                 f"--reuid={pw.pw_uid}",
                 f"--regid={pw.pw_gid}",
                 "--init-groups",
             ]
-            env.update(HOME=pw.pw_dir, USER=user, LOGNAME=user, SHELL=pw.pw_shell)
+            env.update(HOME=home, USER=user, LOGNAME=user, SHELL=pw.pw_shell)
         return argv, env
 
     def run(
@@ -1246,6 +1248,21 @@ class Cluster:
 
     def __repr__(self) -> str:
         return f"<Cluster {self.cluster_id} {len(self.hosts)} hosts at {self.base}>"
+
+    def other_user(self) -> str:
+        """A second unprivileged unix user, present on every host (namespaced mode): the
+        "someone else" of shared-machine tests.  ``host.run(cmd, user=cluster.other_user())``
+        runs as them inside a host (in /tmp: they have no home).  Created on first use, removed
+        with the cluster (its name carries the cluster's prefix)."""
+        if not self.namespaces:
+            raise Unsupported("a second unix user needs the namespaced (root) cluster")
+        name = f"{PREFIX}_{self.cluster_id}_other"
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            _run(["useradd", "-M", "-l", "-U", "-d", "/nonexistent", "-s", "/bin/bash", "-p", "*",
+                  "-c", f"sshs test other user {self.cluster_id}", name])  # fmt: skip
+        return name
 
     def __enter__(self) -> Cluster:
         return self
