@@ -38,7 +38,9 @@ import time
 if "ssh_scheduler_protocol" in sys.modules:  # shipped with us (transport.agent_bootstrap)
     P = sys.modules["ssh_scheduler_protocol"]
     G = sys.modules["ssh_scheduler_hostguard"]
+    IO = sys.modules["ssh_scheduler_agent_io"]
 else:  # imported from the package (tests)
+    from ssh_scheduler import agent_io as IO
     from ssh_scheduler import hostguard as G
     from ssh_scheduler import protocol as P
 
@@ -119,14 +121,14 @@ class Agent(object):
         try:
             await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
         except ValueError:  # stdin is a plain file (tests, debugging): read it in a thread
-            threading.Thread(target=feed_from_file, args=(loop, reader), daemon=True).start()
+            threading.Thread(target=IO.feed_from_file, args=(loop, reader), daemon=True).start()
         try:
             transport, protocol = await loop.connect_write_pipe(
                 asyncio.streams.FlowControlMixin, sys.stdout
             )
             writer = asyncio.StreamWriter(transport, protocol, reader, loop)
         except ValueError:
-            writer = BlockingWriter(sys.stdout.fileno())
+            writer = IO.BlockingWriter(sys.stdout.fileno())
         # A thread, not a task: it must fire even if the event loop were stuck.
         threading.Thread(target=self.watchdog, daemon=True).start()
         self.done = loop.create_future()
@@ -527,11 +529,11 @@ class Agent(object):
             start = os.path.normpath(os.path.join(jobdir, top))
             if not (start == jobdir or start.startswith(jobdir + os.sep)):
                 continue
-            for rel, st in walk(start, jobdir):
+            for rel, st in IO.walk(start, jobdir):
                 if rel in seen:
                     continue
                 seen.add(rel)
-                kind = kind_of(st.st_mode)
+                kind = IO.kind_of(st.st_mode)
                 link = None
                 if kind == "link":
                     link = os.readlink(os.path.join(jobdir, rel))
@@ -649,21 +651,6 @@ class JobProtocol(asyncio.SubprocessProtocol):
                 f.close()
 
 
-class BlockingWriter(object):
-    def __init__(self, fd):
-        self.fd = fd
-
-    def write(self, data):
-        while data:
-            data = data[os.write(self.fd, data):]
-
-
-def feed_from_file(loop, reader):
-    for line in iter(sys.stdin.buffer.readline, b""):
-        loop.call_soon_threadsafe(reader.feed_data, line)
-    loop.call_soon_threadsafe(reader.feed_eof)
-
-
 async def start_unix_server(agent, name):
     """Listen on ``name`` in the current folder (our private agents folder: no path length
     limit to work around, nobody else can reach or replace it); only our own uid may talk."""
@@ -685,44 +672,6 @@ async def start_unix_server(agent, name):
         return await asyncio.start_unix_server(on_client, path=name, limit=1 << 26)
     finally:
         os.umask(old_umask)
-
-
-def kind_of(mode):
-    if stat.S_ISREG(mode):
-        return "file"
-    if stat.S_ISDIR(mode):
-        return "dir"
-    if stat.S_ISLNK(mode):
-        return "link"
-    return "special"
-
-
-def walk(start, base):
-    """Yield (relative path, lstat) below ``start`` without following symlinks."""
-    try:
-        st = os.lstat(start)
-    except OSError:
-        return
-    rel = os.path.relpath(start, base)
-    if rel != ".":
-        yield rel, st
-    if not stat.S_ISDIR(st.st_mode):
-        return
-    stack = [start]
-    while stack:
-        current = stack.pop()
-        try:
-            with os.scandir(current) as it:
-                for entry in it:
-                    try:
-                        est = entry.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    yield os.path.relpath(entry.path, base), est
-                    if stat.S_ISDIR(est.st_mode):
-                        stack.append(entry.path)
-        except OSError:
-            continue
 
 
 def relay(name):
@@ -766,20 +715,6 @@ def relay(name):
                     view = view[os.write(out_fd, view):]
 
 
-def use_pidfd_watcher(loop):
-    """Before 3.12 asyncio waits for each child in a thread of its own; a pidfd watcher costs
-    no thread per job (3.12+ picks it by itself)."""
-    if sys.version_info >= (3, 12) or not hasattr(asyncio, "PidfdChildWatcher"):
-        return
-    try:
-        watcher = asyncio.PidfdChildWatcher()
-        asyncio.get_event_loop_policy().set_child_watcher(watcher)
-        watcher.attach_loop(loop)
-        os.close(os.pidfd_open(os.getpid()))  # the kernel must support pidfds
-    except (AttributeError, OSError, RuntimeError):
-        asyncio.get_event_loop_policy().set_child_watcher(asyncio.ThreadedChildWatcher())
-
-
 def main(root="~/.ssh_scheduler", token=""):
     root_abs = os.path.abspath(os.path.expanduser(root))
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # outlive the session that started us
@@ -802,7 +737,7 @@ def main(root="~/.ssh_scheduler", token=""):
     agent = Agent(root_abs, token)
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
-    use_pidfd_watcher(loop)
+    IO.use_pidfd_watcher(loop)
     try:
         loop.run_until_complete(agent.serve(name))
     finally:

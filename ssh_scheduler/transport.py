@@ -59,7 +59,7 @@ def printable(text: object, limit: int = 300) -> str:
     return shown if len(shown) <= limit else shown[: limit - 3] + "..."
 
 
-AGENT_MODULES = ("protocol", "hostguard", "agent")  # shipped together, run in this order
+AGENT_MODULES = ("protocol", "hostguard", "agent_io", "agent")  # shipped together, run in this order
 
 # Runs on the host (python3 >= 3.8); argv: blob, root, token, key.  Compiling the ~1500 lines
 # shipped cost more than the rest of the agent's start, so the code objects are kept in the work
@@ -69,7 +69,7 @@ AGENT_MODULES = ("protocol", "hostguard", "agent")  # shipped together, run in t
 # The helpers become modules ssh_scheduler_<name>, where agent.py looks for them.
 _BOOT = """\
 import sys,os,marshal
-n=('protocol','hostguard','agent');k='code-%s-%s'%(sys.argv[4],sys.implementation.cache_tag);c=None
+n=('protocol','hostguard','agent_io','agent');k='code-%s-%s'%(sys.argv[4],sys.implementation.cache_tag);c=None
 def mine(fd):
  s=os.fstat(fd);return s.st_uid==os.getuid() and not s.st_mode&18
 try:
@@ -80,10 +80,10 @@ try:
    if mine(d) and mine(f):c=marshal.load(x)
  finally:os.close(d)
 except (OSError,ValueError,EOFError,TypeError):c=None
-if not isinstance(c,list) or len(c)!=3:
+if not isinstance(c,list) or len(c)!=len(n):
  import zlib,base64;c=[compile(s,'ssh_scheduler/%s.py'%m,'exec') for m,s in zip(n,zlib.decompress(base64.b64decode(sys.argv[1])).split(b'\\0'))]
-for m,s in zip(n[:2],c):x=sys.modules['ssh_scheduler_'+m]=type(sys)(m);exec(s,x.__dict__)
-g={'__name__':'ssh_scheduler_agent','CODE':(k,c)};exec(c[2],g);g['main'](*sys.argv[2:4])
+for m,s in zip(n[:-1],c):x=sys.modules['ssh_scheduler_'+m]=type(sys)(m);exec(s,x.__dict__)
+g={'__name__':'ssh_scheduler_agent','CODE':(k,c)};exec(c[-1],g);g['main'](*sys.argv[2:4])
 """
 
 

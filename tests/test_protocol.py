@@ -163,4 +163,5 @@ def test_protocol_and_agent_travel_as_one_blob() -> None:
     blob = command.split()[-4]
     parts = zlib.decompress(base64.b64decode(blob)).split(b"\0")
     assert [part.split(b"\n", 1)[0][:24] for part in parts] == [
-        b'"""The agent protocol: e', b'"""The agent\'s defences ', b'"""The host agent: a sma']
+        b'"""The agent protocol: e', b'"""The agent\'s defences ', b'"""The agent\'s plumbing ',
+        b'"""The host agent: a sma']
