@@ -178,10 +178,11 @@ def test_a_token_that_climbs_out_is_refused_by_the_agent(cluster4: Cluster) -> N
 def test_the_agent_socket_is_out_of_another_users_reach(cluster4: Cluster, tmp_path: Path) -> None:
     host, other = cluster4["h3"], cluster4.other_user()
     (tmp_path / "b.sh").write_text("sleep 30\n")
+    before = set(host.run(f"ls {host.workdir}/agents").stdout.split())  # other tests' agents
     proc = start_batch(tmp_path, "b.sh", "--machines", machine_file(host, tmp_path), *NO_GPU)
     try:
         wait_for_lines(proc, "started:", 1)
-        sockets = host.run(f"ls {host.workdir}/agents").stdout.split()
+        sockets = sorted(set(host.run(f"ls {host.workdir}/agents").stdout.split()) - before)
         assert len(sockets) == 1 and sockets[0].endswith(".sock")
         connect = f"python3 -c 'import socket;socket.socket(socket.AF_UNIX).connect(\"{host.workdir}/agents/{sockets[0]}\")'"
         assert "PermissionError" in host.run(connect, user=other).stderr

@@ -1,0 +1,540 @@
+"""Connections to hosts: the only package that imports asyncssh.
+
+Split by concern: ``base`` (the Transport interface, the agent bootstrap, errors), ``local`` (this
+machine, no SSH), ``hostkeys`` (known_hosts and --accept-new), ``auth`` (client keys, jump hosts,
+ProxyCommand, allowed algorithms); this module holds the SSH transport itself and ``connect``.
+
+One SSH connection per host is reused for the agent channel, SFTP and any plain command; the
+number of channels open at once stays below the host's ``MaxSessions``.  ``LocalTransport`` offers
+the same interface for the coordinator's own machine, with no SSH at all.
+
+Every asyncssh / OS error is mapped to our small exception tree (``ssh_scheduler.errors``) with a
+message that says what to do about it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import shlex
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..config import Machine
+from ..errors import (
+    AuthenticationError,
+    ConnectionLostError,
+    HostKeyError,
+    HostUnreachableError,
+    TransportError,
+)
+from .auth import (
+    _jump_chain,
+    _load_client_keys,
+    _negotiation_hint,
+    _proxy_command,
+    algorithm_options,
+)
+from .auth import check_key_permissions as check_key_permissions
+from .auth import load_client_keys as load_client_keys
+from .base import AGENT_MODULES as AGENT_MODULES
+from .base import (
+    CHUNK,
+    KEEPALIVE_COUNT_MAX,
+    KEEPALIVE_INTERVAL,
+    LEGACY_KEY,
+    PREFERRED_CIPHERS,
+    AgentProcess,
+    ExecResult,
+    OutputSink,
+    RemoteFileError,
+    SizeLimitExceeded,
+    Transport,
+    agent_bootstrap,
+    describe,
+    printable,
+)
+from .base import Stream as Stream
+from .hostkeys import (
+    KnownHosts,
+    _changed_message,
+    _key_text,
+    _refuse_if_key_changed,
+    _unknown_message,
+    fetch_host_key,
+    known_hosts_files,
+    record_host_key,
+)
+from .hostkeys import accept_new_host_key as accept_new_host_key
+from .hostkeys import host_key_entry_exists as host_key_entry_exists
+from .hostkeys import known_hosts_name as known_hosts_name
+from .hostkeys import unknown_key_message as unknown_key_message
+from .local import LocalTransport, _pump
+
+# --- ssh -----------------------------------------------------------------------------------------
+
+# Longest line the agent may send (a manifest of 10^5 long names fits); a host that sends an
+# endless line must not exhaust the coordinator's memory.
+MAX_AGENT_LINE = 1 << 26
+# A download that makes no progress for this long is abandoned (a FIFO on the host, a stuck
+# server): it must not hold up a whole batch.
+SFTP_READ_TIMEOUT = 120.0
+
+
+class _BoundedLines:
+    """``readline`` over a byte stream, refusing a line longer than ``limit``."""
+
+    def __init__(self, stream: Any, limit: int = MAX_AGENT_LINE) -> None:
+        self._stream = stream
+        self._limit = limit
+        self._buf = bytearray()
+        self._pos = 0  # start of the unread data in _buf
+        self._scan = 0  # no newline before this index
+        self._eof = False
+
+    async def readline(self) -> bytes:
+        while True:
+            nl = self._buf.find(b"\n", max(self._pos, self._scan))
+            if nl >= 0:
+                line = bytes(self._buf[self._pos : nl + 1])
+                self._pos = self._scan = nl + 1
+                if self._pos >= CHUNK and self._pos * 2 >= len(self._buf):
+                    del self._buf[: self._pos]
+                    self._pos = self._scan = 0
+                return line
+            self._scan = len(self._buf)
+            if self._scan - self._pos > self._limit:
+                raise ConnectionLostError(
+                    f"the agent sent a line longer than {self._limit} bytes; the host is not "
+                    f"speaking our protocol"
+                )
+            if self._eof:
+                line = bytes(self._buf[self._pos :])
+                self._buf.clear()
+                self._pos = self._scan = 0
+                return line
+            chunk = await self._stream.read(CHUNK)
+            if not chunk:
+                self._eof = True
+            else:
+                self._buf += chunk
+
+
+
+class SSHTransport:
+    """One asyncssh connection to one host, shared by everything that talks to it."""
+
+    def __init__(self, machine: Machine, conn: Any, tunnels: Sequence[Any] = ()) -> None:
+        self.machine = machine
+        self.conn = conn
+        self._tunnels = list(tunnels)
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        # The agent and SFTP hold a channel each for the whole batch; plain commands share the
+        # rest.  Staying under MaxSessions avoids "open failed" refusals from sshd.
+        self.sessions = asyncio.Semaphore(max(1, machine.max_sessions - 2))
+        self._sftp: Any = None
+        self._sftp_lock = asyncio.Lock()
+        self.python = "python3"
+
+    @classmethod
+    async def connect(
+        cls, machine: Machine, *, accept_new: bool = False, keepalive: float | None = None
+    ) -> SSHTransport:
+        client_keys, left_to_agent = _load_client_keys(machine)
+        known = KnownHosts(known_hosts_files(machine))
+        options: dict[str, Any] = {
+            "port": machine.port,
+            # A callable, never None: None would turn host key checking off.
+            "known_hosts": known.lookup,
+            "connect_timeout": machine.connect_timeout,
+            "keepalive_interval": keepalive if keepalive is not None else KEEPALIVE_INTERVAL,
+            "keepalive_count_max": KEEPALIVE_COUNT_MAX,
+            "agent_forwarding": machine.forward_agent,
+            # The ssh config was already applied by ssh_scheduler.config; () would make asyncssh
+            # read ~/.ssh/config a second time and apply it again (HostName, ProxyCommand...).
+            "config": None,
+            "login_timeout": machine.connect_timeout,
+            # Both are AEAD ciphers; asyncssh's AES-GCM costs about half of its ChaCha20-Poly1305
+            # per packet (measured: 187 vs 352 us per small round trip), and a batch is many
+            # small packets.
+            "encryption_algs": PREFERRED_CIPHERS,
+            **algorithm_options(machine),
+        }
+        if machine.user:
+            options["username"] = machine.user
+        if client_keys is not None:
+            options["client_keys"] = client_keys
+        tunnels: list[Any] = []
+        try:
+            if machine.proxy_jump:
+                tunnels = await _open_jump_hosts(machine)
+                options["tunnel"] = tunnels[-1]
+            elif machine.proxy_command is not None:
+                options["proxy_command"] = _proxy_command(machine)
+            conn = await cls._connect_checked(
+                machine, known, options, accept_new, tunnels, left_to_agent
+            )
+        except BaseException:
+            for tunnel in reversed(tunnels):
+                tunnel.close()
+            raise
+        return cls(machine, conn, tunnels)
+
+    @classmethod
+    async def _connect_checked(
+        cls,
+        machine: Machine,
+        known: KnownHosts,
+        options: dict[str, Any],
+        accept_new: bool,
+        tunnels: Sequence[Any],
+        left_to_agent: Sequence[str] = (),
+    ) -> Any:
+        import asyncssh
+
+        tunnel = tunnels[-1] if tunnels else None
+        try:
+            return await asyncio.wait_for(
+                asyncssh.connect(machine.host, **options), machine.connect_timeout + 5
+            )
+        except asyncssh.HostKeyNotVerifiable:
+            offered = None
+            with contextlib.suppress(Exception):
+                offered = await fetch_host_key(machine, tunnel)
+            if known.knows(machine.host, machine.port):
+                raise HostKeyError(_changed_message(machine, offered)) from None
+            if offered is not None and known.revoked(machine.host, machine.port, offered):
+                raise HostKeyError(
+                    f"{describe(machine)}: its host key {_key_text(offered)} is marked @revoked "
+                    f"in {', '.join(known.files)}; nothing was sent to it"
+                ) from None
+            if accept_new and offered is not None:
+                record_host_key(machine, offered)
+                # Connect again, strictly: only the key just recorded is accepted now.
+                known = KnownHosts(known_hosts_files(machine))
+                options = dict(options, known_hosts=known.lookup)
+                return await cls._connect_checked(
+                    machine, known, options, False, tunnels, left_to_agent
+                )
+            raise HostKeyError(_unknown_message(machine, offered)) from None
+        except (asyncssh.KeyExchangeFailed, asyncssh.ConnectionLost, ConnectionResetError) as exc:
+            # Only the key types recorded for a known host are offered to it; a server that has
+            # none of them (its keys were regenerated as another type) hangs up in the key
+            # exchange.  That is a changed key, not a network problem.
+            await _refuse_if_key_changed(machine, known, tunnel)
+            # OpenSSH hangs up (a reset) when no host key type matches.
+            hint = _negotiation_hint(machine, getattr(exc, "reason", ""))
+            if isinstance(exc, ConnectionResetError):
+                raise HostUnreachableError(
+                    f"{describe(machine)}: {_os_reason(exc, machine.host, machine.port)}; check "
+                    f"the address and port, and that sshd runs{hint}"
+                ) from None
+            raise TransportError(f"{describe(machine)}: {exc.reason}{hint}") from None
+        except asyncssh.PermissionDenied:
+            keys = ", ".join(machine.key_paths) or "the ssh-agent and ~/.ssh/id_*"
+            hint = ""
+            if left_to_agent:
+                added = " ".join(shlex.quote(p) for p in left_to_agent)
+                hint = f"; a passphrase-protected key must be in the ssh-agent: ssh-add {added}"
+            rsa = [k for k in options.get("client_keys") or () if k.algorithm == b"ssh-rsa"]
+            if rsa and not machine.legacy_algorithms:
+                hint += (
+                    f"; RSA keys are signed with SHA-2 only: a host that accepts only ssh-rsa "
+                    f"(SHA-1) signatures needs `{LEGACY_KEY}: true` in {machine.source or 'its machine file'}"
+                )
+            raise AuthenticationError(
+                f"{describe(machine)}: permission denied for the key(s) {keys}; "
+                f"check username and ssh_key_path, and that the public key is in the host's "
+                f"~/.ssh/authorized_keys{hint}"
+            ) from None
+        except TimeoutError:
+            raise HostUnreachableError(
+                f"{describe(machine)}: no answer within {machine.connect_timeout:g} s; "
+                f"check that the host is up and reachable (or raise connect_timeout)"
+            ) from None
+        except OSError as exc:
+            raise HostUnreachableError(
+                f"{describe(machine)}: {_os_reason(exc, machine.host, machine.port)}; check the "
+                f"address and port, and that sshd runs"
+            ) from None
+        except asyncssh.Error as exc:
+            raise TransportError(f"{describe(machine)}: {exc.reason}") from None
+
+    # -- channels ---------------------------------------------------------------------------------
+    async def _with_retry(self, opener: Callable[[], Any]) -> Any:
+        """Open a channel, retrying briefly when sshd refuses it (MaxSessions reached)."""
+        import asyncssh
+
+        delay = 0.02
+        for attempt in range(8):
+            try:
+                return await opener()
+            except asyncssh.ChannelOpenError as exc:
+                if attempt == 7:
+                    raise ConnectionLostError(
+                        f"{describe(self.machine)}: cannot open a session: {exc.reason}"
+                    ) from None
+                await asyncio.sleep(delay)
+                delay *= 2
+            except (asyncssh.ConnectionLost, asyncssh.DisconnectError, OSError) as exc:
+                raise ConnectionLostError(f"{describe(self.machine)}: {exc}") from None
+        raise AssertionError("unreachable")
+
+    async def start_agent(self, token: str = "") -> AgentProcess:
+        cmd = agent_bootstrap(self.python, self.machine.workdir, token)
+        proc = await self._with_retry(lambda: self.conn.create_process(cmd, encoding=None))
+
+        async def closer() -> None:
+            with contextlib.suppress(Exception):
+                proc.stdin.write_eof()
+            with contextlib.suppress(Exception):
+                await proc.wait_closed()
+
+        return AgentProcess(proc.stdin, _BoundedLines(proc.stdout), closer)
+
+    async def sftp(self) -> Any:
+        async with self._sftp_lock:
+            if self._sftp is None:
+                self._sftp = await self._with_retry(self.conn.start_sftp_client)
+            return self._sftp
+
+    async def upload(self, local: Path, remote: str, mode: int) -> int:
+        import asyncssh
+
+        sftp = await self.sftp()
+        tmp = f"{remote}.part-{secrets.token_hex(6)}"  # another batch may upload the same file
+        try:
+            await sftp.put(str(local), tmp)
+            await sftp.chmod(tmp, mode)
+            await sftp.posix_rename(tmp, remote)
+        except (asyncssh.Error, OSError) as exc:
+            raise TransportError(f"{describe(self.machine)}: upload of {local} failed: {exc}") from None
+        size = local.stat().st_size
+        self.bytes_sent += size
+        return size
+
+    async def download(self, remote: str, fd: int, limit: int) -> int:
+        """Copy one remote file into ``fd``, stopping past ``limit`` bytes.
+
+        The host is untrusted: the file may never end (a FIFO, /dev/zero behind a symlink on its
+        side) or never answer, so bytes are counted chunk by chunk and each read has a timeout.
+        A file that cannot be opened or read raises :class:`RemoteFileError`; a broken
+        connection raises :class:`ConnectionLostError`.
+        """
+        import asyncssh
+
+        sftp = await self.sftp()
+        total = 0
+        path = os.fsencode(remote)  # bytes: a non-UTF-8 remote name arrives surrogate-escaped
+        try:
+            f = await _within(sftp.open(path, "rb"), SFTP_READ_TIMEOUT)
+            try:
+                while True:
+                    chunk = await _within(f.read(CHUNK), SFTP_READ_TIMEOUT)
+                    if not chunk:
+                        break
+                    total += len(chunk)
+                    if total > limit:
+                        raise SizeLimitExceeded(remote, limit)
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.write(fd, view) :]
+            except _Stalled:
+                raise  # the session is stuck: no polite close, it is dropped below
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(f.close(), 5)
+                raise
+            else:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(f.close(), 5)
+        except _Stalled:
+            await self._drop_sftp()
+            raise RemoteFileError(
+                f"{describe(self.machine)}: download of {printable(remote)} stalled for "
+                f"{SFTP_READ_TIMEOUT:g} s (a FIFO or device on the host?)"
+            ) from None
+        except asyncssh.SFTPError as exc:
+            raise RemoteFileError(
+                f"{describe(self.machine)}: cannot read {printable(remote)}: {printable(exc.reason)}"
+            ) from None
+        except (asyncssh.Error, ConnectionError) as exc:
+            raise ConnectionLostError(
+                f"{describe(self.machine)}: download of {printable(remote)} failed: {printable(exc)}"
+            ) from None
+        except OSError as exc:
+            raise TransportError(
+                f"{describe(self.machine)}: download of {printable(remote)} failed: "
+                f"{exc.strerror or exc}"
+            ) from None
+        self.bytes_received += total
+        return total
+
+    async def _drop_sftp(self) -> None:
+        """Forget a stuck SFTP session: the next transfer opens a fresh one."""
+        async with self._sftp_lock:
+            sftp, self._sftp = self._sftp, None
+        if sftp is not None:
+            with contextlib.suppress(Exception):
+                sftp.exit()
+
+    async def exec(
+        self, command: str, on_stdout: OutputSink | None = None, on_stderr: OutputSink | None = None
+    ) -> ExecResult:
+        import asyncssh
+
+        async with self.sessions:
+            proc = await self._with_retry(lambda: self.conn.create_process(command, encoding=None))
+            try:
+                out, err = await asyncio.gather(
+                    _pump(proc.stdout, on_stdout), _pump(proc.stderr, on_stderr)
+                )
+                await proc.wait_closed()
+            except (asyncssh.Error, OSError) as exc:
+                raise ConnectionLostError(f"{describe(self.machine)}: {exc}") from None
+            except asyncio.CancelledError:
+                proc.close()
+                raise
+        status = proc.exit_status
+        if status is None or status < 0:
+            signame = proc.exit_signal[0] if proc.exit_signal else None
+            status = 128 + _signal_number(signame) if signame else 255
+        return ExecResult(status, out, err)
+
+    async def close(self) -> None:
+        if self._sftp is not None:
+            self._sftp.exit()
+        self.conn.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.conn.wait_closed(), 2)
+        for tunnel in reversed(self._tunnels):
+            tunnel.close()
+
+
+async def _open_jump_hosts(machine: Machine) -> list[Any]:
+    """Connect through each ProxyJump hop in turn, as ``ssh -J`` would: each hop has its own
+    user, port, keys and known_hosts from the ssh config (resolved by ssh_scheduler.config, never
+    by asyncssh's reader), the first hop may have a ProxyCommand; agent forwarding stays off."""
+    import asyncssh
+
+    assert machine.proxy_jump
+    conns: list[Any] = []
+    try:
+        for hop in _jump_chain(machine):
+            label = f"{describe(machine)}: jump host {hop.name}"
+            client_keys, _ = _load_client_keys(hop)
+            known = KnownHosts(known_hosts_files(hop))
+            try:
+                conn = await asyncio.wait_for(
+                    asyncssh.connect(
+                        hop.host,
+                        hop.port,
+                        username=hop.user if hop.user is not None else (),
+                        client_keys=client_keys if client_keys is not None else (),
+                        known_hosts=known.lookup,
+                        tunnel=conns[-1] if conns else (),
+                        proxy_command=_proxy_command(hop) if not conns else (),
+                        config=None,
+                        agent_forwarding=False,
+                        connect_timeout=machine.connect_timeout,
+                        login_timeout=machine.connect_timeout,
+                        keepalive_interval=KEEPALIVE_INTERVAL,
+                        keepalive_count_max=KEEPALIVE_COUNT_MAX,
+                        **algorithm_options(machine),
+                    ),
+                    machine.connect_timeout + 5,
+                )
+            except asyncssh.HostKeyNotVerifiable as exc:
+                raise HostKeyError(
+                    f"{label}: {exc.reason}; check its key and add it to "
+                    f"{known.files[0] if known.files else '~/.ssh/known_hosts'} (for example "
+                    f"with ssh-keyscan) before using it as a jump host"
+                ) from None
+            except asyncssh.PermissionDenied:
+                raise AuthenticationError(
+                    f"{label}: permission denied; check that `ssh {hop.name}` works"
+                ) from None
+            except TimeoutError:
+                raise HostUnreachableError(
+                    f"{label}: no answer within {machine.connect_timeout:g} s"
+                ) from None
+            except OSError as exc:
+                raise HostUnreachableError(f"{label}: {_os_reason(exc, hop.host, hop.port)}") from None
+            except asyncssh.Error as exc:
+                raise TransportError(f"{label}: {exc.reason}") from None
+            conns.append(conn)
+    except BaseException:
+        for conn in reversed(conns):
+            conn.close()
+        raise
+    return conns
+
+
+def _os_reason(exc: OSError, host: str, port: int | None) -> str:
+    """``connect to HOST port PORT: connection refused``, as OpenSSH words it (asyncio's own
+    "Connect call failed (...)" does not say what happened)."""
+    reason = os.strerror(exc.errno).lower() if exc.errno else (exc.strerror or str(exc))
+    return f"connect to {host} port {port or 22}: {reason}"
+
+
+class _Stalled(Exception):
+    """An SFTP request got no answer in time."""
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+async def _within(awaitable: Any, timeout: float) -> Any:
+    """Await with a timeout, but on timeout leave the request running instead of cancelling it:
+    asyncssh's parallel reads leave orphan tasks behind when cancelled.  The abandoned request
+    ends when its SFTP session is dropped, and its outcome is collected quietly."""
+    task = asyncio.ensure_future(awaitable)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if not done:
+        task.add_done_callback(_retrieve)
+        raise _Stalled
+    return task.result()
+
+
+def _signal_number(name: str) -> int:
+    import signal
+
+    try:
+        return int(getattr(signal, "SIG" + name))
+    except AttributeError:
+        return 0
+
+
+async def connect(
+    machine: Machine, *, accept_new: bool = False, keepalive: float | None = None
+) -> Transport:
+    if machine.is_local:
+        return LocalTransport(machine)
+    return await SSHTransport.connect(machine, accept_new=accept_new, keepalive=keepalive)
+
+
+__all__ = [
+    "AgentProcess",
+    "ExecResult",
+    "LocalTransport",
+    "RemoteFileError",
+    "SSHTransport",
+    "SizeLimitExceeded",
+    "Transport",
+    "agent_bootstrap",
+    "algorithm_options",
+    "connect",
+    "describe",
+    "known_hosts_name",
+    "printable",
+]

@@ -1,0 +1,118 @@
+"""The coordinator's own machine as a transport: the agent as a local subprocess, no SSH."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import shlex
+import shutil
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..config import Machine
+from ..errors import (
+    TransportError,
+)
+from .base import CHUNK, AgentProcess, ExecResult, OutputSink, SizeLimitExceeded, agent_bootstrap
+
+# --- local ---------------------------------------------------------------------------------------
+
+
+class LocalTransport:
+    """This machine, without SSH: same agent, plain file copies."""
+
+    def __init__(self, machine: Machine) -> None:
+        self.machine = machine
+        self.bytes_sent = 0
+        self.bytes_received = 0
+
+    async def start_agent(self, token: str = "") -> AgentProcess:
+        cmd = agent_bootstrap(shlex.quote(sys.executable), self.machine.workdir, token)
+        proc = await asyncio.create_subprocess_shell(
+            cmd,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            limit=1 << 26,
+            start_new_session=True,
+        )
+
+        async def closer() -> None:
+            if proc.stdin is not None:
+                proc.stdin.close()
+            await proc.wait()
+
+        return AgentProcess(proc.stdin, proc.stdout, closer)  # type: ignore[arg-type]
+
+    async def upload(self, local: Path, remote: str, mode: int) -> int:
+        return await asyncio.to_thread(self._copy_in, local, remote, mode)
+
+    def _copy_in(self, local: Path, remote: str, mode: int) -> int:
+        final = os.path.expanduser(remote)
+        tmp = f"{final}.part-{secrets.token_hex(6)}"  # two uploads of one file may race
+        shutil.copyfile(local, tmp)
+        os.chmod(tmp, mode)
+        os.replace(tmp, final)
+        size = os.path.getsize(final)
+        self.bytes_sent += size
+        return size
+
+    async def download(self, remote: str, fd: int, limit: int) -> int:
+        return await asyncio.to_thread(self._copy_out, remote, fd, limit)
+
+    def _copy_out(self, remote: str, fd: int, limit: int) -> int:
+        total = 0
+        src = os.open(os.path.expanduser(remote), os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            if not stat.S_ISREG(os.fstat(src).st_mode):
+                raise TransportError(f"{remote} is not a regular file")
+            while chunk := os.read(src, CHUNK):
+                total += len(chunk)
+                if total > limit:
+                    raise SizeLimitExceeded(remote, limit)
+                os.write(fd, chunk)
+        finally:
+            os.close(src)
+        self.bytes_received += total
+        return total
+
+    async def exec(
+        self, command: str, on_stdout: OutputSink | None = None, on_stderr: OutputSink | None = None
+    ) -> ExecResult:
+        proc = await asyncio.create_subprocess_shell(
+            command,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
+        assert proc.stdout is not None and proc.stderr is not None
+        try:
+            out, err = await asyncio.gather(
+                _pump(proc.stdout, on_stdout), _pump(proc.stderr, on_stderr)
+            )
+            code = await proc.wait()
+        except asyncio.CancelledError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, 9)
+            raise
+        return ExecResult(128 - code if code < 0 else code, out, err)
+
+    async def close(self) -> None:
+        return None
+
+
+async def _pump(stream: Any, sink: OutputSink | None) -> bytes:
+    parts: list[bytes] = []
+    while True:
+        chunk = await stream.read(CHUNK)
+        if not chunk:
+            return b"".join(parts)
+        if isinstance(chunk, str):
+            chunk = chunk.encode()
+        parts.append(chunk)
+        if sink is not None:
+            sink(chunk)
