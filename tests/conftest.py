@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+# The hook that fails skipped tests under CI=true (imported here so pytest registers it).
+from tests.ci_skips import pytest_runtest_makereport  # noqa: F401
 from tests.cluster import (
     Cluster,
     GpuSpec,

@@ -16,10 +16,10 @@ import yaml
 from ssh_scheduler.config import load_machine
 from ssh_scheduler.probe import PROBE_COMMAND, parse_gpu_query, parse_probe_output
 from ssh_scheduler.transport import connect
+from tests.captures import capture
 from tests.cluster import Cluster, GpuSpec, HostSpec
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURES = Path(os.environ.get("SSH_SCHEDULER_FIXTURES", REPO.parent / "shared" / "fixtures")) / "h100"
 EXECUTE_REMOTE = [sys.executable, "-m", "ssh_scheduler", "execute_remote"]
 
 
@@ -129,18 +129,8 @@ def test_hosts_are_isolated(cluster4: Cluster, tmp_path: Path) -> None:
     assert not (h2.home / "isolation.txt").exists()
 
 
-def _capture(name: str) -> str:
-    path = FIXTURES / name
-    if not path.exists():
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"fixture {path} missing")
-        pytest.skip(f"fixture {path} missing")
-    lines = path.read_text().splitlines()
-    return "\n".join(lines[1:-1]) + "\n"  # drop the "$ command" and "[exit N]" lines
-
-
 def test_probe_reads_the_simulated_h100_like_the_real_capture(make_cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    real = parse_gpu_query(_capture("nvsmi_csv_nounits_busy.txt"))[0]
+    real = parse_gpu_query(capture("nvsmi_csv_nounits_busy.txt")[1])[0]
     cluster = make_cluster([HostSpec(gpus=[GpuSpec(name=real.name, memory_mb=real.memory_total_mb, uuid=real.uuid)])])
     host = cluster.hosts[0]
     hold = host.hold_gpu(0, 21482, util=100)
