@@ -124,9 +124,9 @@ def test_other_users_processes_keep_jobs_off_their_gpus(cluster4: Cluster, tmp_p
             hold.release()
         batch.finish()
     seen = [(tmp_path / "job_results" / f"gpus.sh.{n}.out").read_text().split() for n in range(1, 17)]
-    for gpu, *freed in seen:
-        assert f"freed{gpu}" in freed, f"a job started on GPU {gpu} while another user held it: {seen}"
-    assert {gpu for gpu, *_ in seen} == {"0", "1"}, seen  # both used once free
+    for device, *freed in seen:
+        assert f"freed{device}" in freed, f"a job started on GPU {device} while another user held it: {seen}"
+    assert {device for device, *_ in seen} == {"0", "1"}, seen  # both used once free
 
 
 def test_inputs_reach_each_host_once_and_not_again(cluster4: Cluster, tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ CI runs them."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import signal
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster import Cluster, HostSpec
+from tests.cluster import Cluster, Host, HostSpec
 from tests.live_batch import LiveBatch, batch_processes, journal, machines, run_batch, wait_until
 
 pytestmark = pytest.mark.slow
@@ -41,9 +42,18 @@ def leftover_job_dirs(cluster: Cluster, results: Path) -> list[str]:
     ]
 
 
-def no_batch_processes_left(*hosts: object) -> None:
+def no_batch_processes_left(*hosts: Host) -> None:
+    """Nothing of ours runs on the hosts (kills take a moment to land; 30 s only stops a hung test)."""
     for host in hosts:
-        wait_until(lambda host=host: batch_processes(host) == [], f"nothing of ours runs on {host}", 30)  # type: ignore[misc]
+        wait_until(functools.partial(nothing_runs_on, host), f"nothing of ours runs on {host.name}", 30)
+
+
+def nothing_runs_on(host: Host) -> bool:
+    return batch_processes(host) == []
+
+
+def runs_on(hosts: list[Host], command: str) -> bool:
+    return any(command in p for host in hosts for p in batch_processes(host))
 
 
 def test_crashed_host_jobs_complete_exactly_once_elsewhere(cluster4: Cluster, tmp_path: Path) -> None:
@@ -245,7 +255,7 @@ def test_second_ctrl_c_kills_everything_even_what_ignores_sigterm(cluster4: Clus
     try:
         batch.wait_for("started:", 5)
         for sleep in ("sleep 301", "sleep 303", "sleep 304"):
-            wait_until(lambda s=sleep: any(s in p for h in hosts for p in batch_processes(h)), f"{sleep} runs")  # type: ignore[misc]
+            wait_until(functools.partial(runs_on, hosts, sleep), f"{sleep} runs")
         batch.signal(signal.SIGINT)
         batch.wait_for("stopping", stderr=True)
         batch.signal(signal.SIGINT)
