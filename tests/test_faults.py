@@ -122,9 +122,9 @@ def test_cut_host_comes_back_and_its_late_results_are_discarded(cluster4: Cluste
     )  # fmt: skip
     try:
         batch.wait_for("started:", 12)
+        wait_until(lambda: log("started.log"), "jobs run on h3")  # their own word, not the printout
         cut.cut_network()
         on_cut = set(log("started.log"))  # these run on h3 now, and will to their end
-        assert on_cut, "nothing ran on the host that was cut off"
         open_everywhere("cut")
         batch.wait_for(f"warning: host {cut.name} lost", stderr=True)
         wait_until(lambda: on_cut <= requeued_from_cut(), "the cut host's jobs are requeued")
