@@ -17,10 +17,13 @@ skipped, or failed when ``CI=true``.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterator
 
 import pytest
 
+# The hook that fails skipped tests under CI=true (imported here so pytest registers it).
+from tests.ci_skips import pytest_runtest_makereport  # noqa: F401
 from tests.cluster import (
     Cluster,
     GpuSpec,
@@ -96,3 +99,12 @@ def _cluster_hygiene(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     if shared is not None:
         shared.reset()
+
+
+@pytest.fixture(autouse=True)
+def _collect_garbage_after_each_test() -> Iterator[None]:
+    """Collect garbage while the test that made it is still current: an unclosed pipe or an
+    unreaped process (a ResourceWarning, an error here) then fails the test that leaked it,
+    not whichever test the collector happens to interrupt later."""
+    yield
+    gc.collect()

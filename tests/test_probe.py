@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -22,34 +21,16 @@ from ssh_scheduler.probe import (
     parse_nproc,
     parse_probe_output,
 )
+from tests.captures import H100 as H100_CAPTURES
+from tests.captures import capture as h100_capture
 
 # ---------------------------------------------------------------- real captures
 
 
-def fixture_dir() -> Path:
-    """The real H100 captures: $SSH_SCHEDULER_FIXTURES (the h100 folder or its parent), else
-    ../shared/fixtures/h100 beside the repository."""
-    configured = os.environ.get("SSH_SCHEDULER_FIXTURES")
-    if configured:
-        base = Path(configured)
-        return base / "h100" if (base / "h100").is_dir() else base
-    return Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "h100"
-
-
 def capture(name: str) -> tuple[str, int]:
-    """A capture's raw output and exit status: its first line is the command (``$ ...``) and its
-    last ``[exit N]``."""
-    path = fixture_dir() / name
-    if not path.is_file():
-        reason = f"capture {path} is absent (set SSH_SCHEDULER_FIXTURES to the h100 captures)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    lines = path.read_text().splitlines()
-    assert lines[0].startswith("$ "), f"{name}: no command line"
-    match = re.fullmatch(r"\[exit (\d+)\]", lines[-1])
-    assert match, f"{name}: no exit line"
-    return "\n".join(lines[1:-1]) + "\n", int(match.group(1))
+    """A capture's raw output and exit status."""
+    _, text, status = h100_capture(name)
+    return text, status
 
 
 def output(name: str) -> str:
@@ -102,13 +83,8 @@ def test_gpu_query_csv_noheader_and_nounits_agree(moment: str) -> None:
     ],
 )
 def test_gpu_query_rejects_what_is_not_a_gpu_list(name: str) -> None:
-    if name.endswith(".xml"):
-        path = fixture_dir() / name
-        if not path.is_file():
-            capture(name)  # skips or fails with the usual reason
-        text = path.read_text()
-    else:
-        text = output(name)
+    # The XML capture is the raw file (no "$ command" / "[exit N]" lines).
+    text = (H100_CAPTURES / name).read_text() if name.endswith(".xml") else output(name)
     with pytest.raises(ProbeError) as info:
         parse_gpu_query(text)
     assert "\n" not in str(info.value)
@@ -485,7 +461,6 @@ def run_probe(path: str, shell: str = "/bin/sh") -> str:
     return result.stdout
 
 
-@pytest.mark.skipif(not Path("/proc/meminfo").exists(), reason="needs Linux /proc")
 @pytest.mark.parametrize("shell", SHELLS)
 def test_probe_command_runs_here(tmp_path: Path, shell: str) -> None:
     state = parse_probe_output(run_probe(hermetic_bin(tmp_path, None), shell))
@@ -495,7 +470,6 @@ def test_probe_command_runs_here(tmp_path: Path, shell: str) -> None:
     assert state.user
 
 
-@pytest.mark.skipif(not Path("/proc/meminfo").exists(), reason="needs Linux /proc")
 def test_probe_command_with_fake_nvidia_smi(tmp_path: Path) -> None:
     gpus = output("nvsmi_csv_nounits_busy.txt")
     apps = apps_outputs("nvsmi_apps_busy.txt")[1]
@@ -512,7 +486,6 @@ def test_probe_command_with_fake_nvidia_smi(tmp_path: Path) -> None:
     assert state.gpu_error is None
 
 
-@pytest.mark.skipif(not Path("/proc/meminfo").exists(), reason="needs Linux /proc")
 def test_probe_command_with_failing_nvidia_smi(tmp_path: Path) -> None:
     message = output("bad_query.txt").strip()
     fake = f"echo '{message}' >&2\nexit 2\n"

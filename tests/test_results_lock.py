@@ -63,7 +63,7 @@ def test_a_lock_of_another_process_is_refused_until_that_process_dies(tmp_path: 
             pass
     finally:
         holder.kill()
-        holder.wait()
+        holder.communicate()  # reaps it and closes its pipes
     # Killed, its lock went with it; the file still names it, and is taken over.
     assert _lock_text(results)["pid"] == holder.pid
     with hold_results_folder(results):

@@ -32,14 +32,29 @@ from ssh_scheduler.runner import root_matches
 from ssh_scheduler.transport import agent_bootstrap
 from tests.cluster import Cluster, Host
 from tests.hostile_server import HostileServer
-from tests.test_faults import (
-    NO_GPU,
-    batch_processes,
-    journal,
-    run_batch,
-    start_batch,
-    wait_for_lines,
-)
+from tests.live_batch import EXECUTE_BATCH, batch_env, batch_processes, journal, run_batch
+
+NO_GPU = ["--no-gpu-required", "--memory-required", "100"]
+
+
+def start_batch(cwd: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*EXECUTE_BATCH, *args], cwd=cwd, env=batch_env(), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+
+
+def wait_for_lines(proc: subprocess.Popen[str], prefix: str, count: int, timeout: float = 60) -> list[str]:
+    """Read stdout until ``count`` lines start with ``prefix`` (the timeout only stops a hang)."""
+    assert proc.stdout is not None
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while len([s for s in seen if s.startswith(prefix)]) < count:
+        assert time.monotonic() < deadline, f"no {prefix!r} line came: {seen}"
+        line = proc.stdout.readline()
+        assert line, f"batch ended early: {seen}"
+        seen.append(line)
+    return seen
 
 pytestmark = pytest.mark.namespaces
 
@@ -270,15 +285,15 @@ def test_output_over_the_limit_kills_the_job(cluster4: Cluster, tmp_path: Path) 
 @pytest.mark.parametrize(
     ("root", "workdir", "ok"),
     [
-        ("/home/u/.ssh_scheduler", "~/.ssh_scheduler", True),
+        ("/users/u/.ssh_scheduler", "~/.ssh_scheduler", True),
         ("/tmp/evilroot", "~/.ssh_scheduler", False),
-        ("/home/u/x/../.ssh_scheduler", "~/.ssh_scheduler", False),
+        ("/users/u/x/../.ssh_scheduler", "~/.ssh_scheduler", False),
         ("relative/.ssh_scheduler", "~/.ssh_scheduler", False),
         ("/srv/work", "/srv/work", True),
         ("/srv/work", "/srv/work/", True),
         ("/srv/work2", "/srv/work", False),
-        ("/home/u/work", "work", True),
-        ("/home/u/notwork", "work", False),
+        ("/users/u/work", "work", True),
+        ("/users/u/notwork", "work", False),
     ],
 )
 def test_root_rule(root: str, workdir: str, ok: bool) -> None:

@@ -98,6 +98,7 @@ class LocalTransport:
         except asyncio.CancelledError:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, 9)
+            await proc.wait()  # reap it (KILLed, it ends at once): no zombie, no open transport
             raise
         return ExecResult(128 - code if code < 0 else code, out, err)
 

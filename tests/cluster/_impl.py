@@ -169,6 +169,17 @@ def _kill(pid: int, sig: int) -> None:
         os.kill(pid, sig)
 
 
+def _reap(child: subprocess.Popen[Any], timeout: float) -> None:
+    """Wait for a child we started and close its pipes (an unclosed pipe is a ResourceWarning,
+    an error in this suite)."""
+    try:
+        child.wait(timeout=timeout)
+    finally:
+        for stream in (child.stdin, child.stdout, child.stderr):
+            if stream is not None:
+                stream.close()
+
+
 def _wait_gone(pids: Sequence[int], timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while True:
@@ -317,7 +328,7 @@ class GpuHold:
                 for child in self.host._global_pids_of(self.pid):
                     _kill(child, signal.SIGKILL)
                 _kill(self._popen.pid, signal.SIGKILL)
-                self._popen.wait(timeout=5)
+        _reap(self._popen, 5)
         with contextlib.suppress(ValueError):
             self.host._holds.remove(self)
 
@@ -865,7 +876,7 @@ exec {self.cluster.python} -IS '{base}/shared/host_init.py'
             children.append(self._launcher)
         for child in children:
             with contextlib.suppress(subprocess.TimeoutExpired):
-                child.wait(timeout=10)
+                _reap(child, 10)
         self._launcher = None
         self._holds.clear()
         with contextlib.suppress(FileNotFoundError):
@@ -1458,7 +1469,7 @@ def _teardown(
         with contextlib.suppress(Exception):
             if child.poll() is None:
                 child.kill()
-            child.wait(timeout=5)
+            _reap(child, 5)
     if base is not None:
         err = _remove_base(base)
         if err:
@@ -1708,10 +1719,9 @@ def start_cluster(
             h.dir.mkdir(parents=True)
             jobs.append(_keygen(h.dir / "ssh_host_ed25519_key", f"{PREFIX}-{cid}-{h.name}"))
         for j in jobs:
-            if j.wait(timeout=30) != 0:
-                raise ClusterError(
-                    f"ssh-keygen failed: {j.stderr.read().decode() if j.stderr else ''}"
-                )
+            _, keygen_err = j.communicate(timeout=30)
+            if j.returncode != 0:
+                raise ClusterError(f"ssh-keygen failed: {keygen_err.decode()}")
         if namespaces:
             for h in hosts:
                 _run(["useradd", "-M", "-l", "-U", "-d", str(h.home), "-s", "/bin/bash", "-p", "*",

@@ -1,7 +1,7 @@
 #!/usr/bin/python3 -IS
 """A simulated ``nvidia-smi`` for the SSH test cluster (stdlib only, starts fast).
 
-Output formats copy the real captures in ``/work/shared/fixtures/h100`` (driver 580.159.04):
+Output formats copy the real captures in ``tests/data/h100`` (driver 580.159.04):
 ``--query-gpu=<fields> --format=csv[,noheader][,nounits]``, ``--query-compute-apps=...``,
 ``-L``, ``--version``, ``-i <index|uuid>[,...]`` and the plain table.
 
