@@ -116,16 +116,23 @@ def execute_batch(
     timeout: Annotated[float | None, typer.Option("--timeout", help="seconds a job may run before its processes are killed")] = None,
     halt: Annotated[str | None, typer.Option("--halt", help="now,fail=N | soon,fail=N | soon,fail=N%: stop after failures")] = None,
     keepalive: Annotated[float | None, typer.Option("--keepalive", help="seconds between SSH keepalives; 3 missed = host lost")] = None,
+    json_events: Annotated[bool, typer.Option("--json", help="one JSON object per event on stdout (schema in the README)")] = False,
+    plain: Annotated[bool, typer.Option("--plain", help="plain lines even on a terminal (no live view)")] = False,
+    verbose: Annotated[int, typer.Option("--verbose", "-v", count=True, help="also show probes, connections and transfers")] = 0,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print only failures and the summary")] = False,
 ) -> None:
     """Run every line of BATCH_FILE as a job, placed where its needs fit."""
     from .allocate import Needs
     from .batch import parse_batch
     from .config import load_machines, local_machine
+    from .display import summary_lines
     from .policy import parse_halt
+    from .preflight import check_numbers, check_results_dir
     from .scheduler import Batch, BatchOptions
     from .transfer import CopyLimits
 
     try:
+        check_numbers(timeout=timeout, keepalive=keepalive, retries=retries, lease=lease, probe_interval=probe_interval)
         try:
             data = batch_file.read_bytes()
         except OSError as exc:
@@ -160,18 +167,42 @@ def execute_batch(
             halt=parse_halt(halt),
             keepalive=keepalive,
         )
-        batch = Batch(jobs, hosts, options, out=out_line, err=err_line)
-        summary = run_async(batch.run, batch.request_stop)
+        if not dry_run:
+            check_results_dir(results_dir)
+        verbosity = -1 if quiet else verbose
+        batch = Batch(jobs, hosts, options)
+        with batch_display(batch, json_events=json_events, plain=plain, verbosity=verbosity):
+            summary = run_async(batch.run, batch.request_stop)
     except SchedulerError as exc:
         raise fail(exc) from None
     except asyncio.CancelledError:
         err_line("cancelled: running jobs were killed")
         raise typer.Exit(130) from None
     if not dry_run:
-        err_line(summary.describe())
-    if summary.failed:
-        err_line(f"{len(summary.failed)} of {len(summary.outcomes)} jobs failed; see {results_dir}/<job>.err")
+        for line in summary_lines(summary, results_dir):
+            err_line(line)
     raise typer.Exit(summary.exit_code)
+
+
+def batch_display(batch: Any, *, json_events: bool, plain: bool, verbosity: int) -> contextlib.AbstractContextManager[Any]:
+    """Subscribe what the user sees: ``--json`` events, the live view on a terminal, or the plain
+    lines (not a terminal, ``--plain``, ``NO_COLOR``, ``TERM=dumb``)."""
+    from .display import JsonLines, plain_subscriber, wire_logging
+
+    wire_logging(verbosity, err_line)
+    if json_events:
+        batch.bus.subscribe(JsonLines(out_line))
+        batch.bus.subscribe(plain_subscriber(lambda _: None, err_line, min(verbosity, 0)))
+        return contextlib.nullcontext()
+    tty = sys.stdout.isatty() and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
+    if plain or not tty or batch.options.dry_run:
+        batch.bus.subscribe(plain_subscriber(out_line, err_line, verbosity))
+        return contextlib.nullcontext()
+    from .live import LiveView
+
+    view = LiveView(verbosity=verbosity)
+    batch.bus.subscribe(view)
+    return view
 
 
 # --- execute_remote ------------------------------------------------------------------------------
@@ -244,6 +275,10 @@ COMMANDS: dict[str, Callable[..., None]] = {
 }
 
 
+CONTROL_COMMANDS = ("status", "jobs", "pause", "resume", "cancel")
+"""Commands on a batch's results folder (cli_status): read its journal or steer its coordinator."""
+
+
 def command(name: str) -> Callable[..., None]:
     """The typer function of a command; execute_to's module loads only when it is wanted (start-up
     time is part of every run)."""
@@ -251,6 +286,10 @@ def command(name: str) -> Callable[..., None]:
         from .cli_fleet import execute_to_command
 
         return execute_to_command
+    if name in CONTROL_COMMANDS:
+        from .cli_status import COMMANDS as control
+
+        return control[name]
     return COMMANDS[name]
 
 
@@ -293,7 +332,7 @@ execute_to_main = single("execute_to")
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     wanted = args[0].replace("-", "_") if args else ""
-    if wanted in (*COMMANDS, "execute_to"):
+    if wanted in (*COMMANDS, "execute_to", *CONTROL_COMMANDS):
         # Build only the command asked for: the others' modules need not load (start-up time).
         app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
         app.command(name=wanted)(command(wanted))
@@ -305,7 +344,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="Run batches of shell commands across many machines and GPUs over plain SSH.",
         no_args_is_help=True,
     )
-    for name in (*COMMANDS, "execute_to"):
+    for name in (*COMMANDS, "execute_to", *CONTROL_COMMANDS):
         func = command(name)
         app.command(name=name)(func)
         app.command(name=name.replace("_", "-"), hidden=True)(func)

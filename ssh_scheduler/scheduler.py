@@ -28,6 +28,7 @@ from typing import Any
 from .allocate import Needs
 from .batch import Job
 from .config import Machine
+from .control import ControlServer, batch_requests
 from .errors import (
     AuthenticationError,
     BatchError,
@@ -42,6 +43,8 @@ from .events import (
     Ended,
     Event,
     EventBus,
+    HostProbed,
+    JobCancelled,
     JobFailed,
     JobFinished,
     JobSkipped,
@@ -136,6 +139,10 @@ class BatchSummary:
     cancelled: bool = False
     halted: bool = False
     not_run: list[str] = field(default_factory=list)
+    skipped_failed: list[str] = field(default_factory=list)
+    """Skipped because results exist, but the earlier run recorded them as failed."""
+    cancelled_jobs: list[str] = field(default_factory=list)
+    seconds: float = 0.0
 
     @property
     def failed(self) -> list[str]:
@@ -143,7 +150,8 @@ class BatchSummary:
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.failed or self.cancelled or self.not_run else 0
+        unfinished = self.failed or self.cancelled or self.not_run or self.cancelled_jobs
+        return 1 if unfinished or self.skipped_failed else 0
 
     def describe(self) -> str:
         finished = len(self.outcomes) - len(self.failed)
@@ -165,6 +173,10 @@ class BatchSummary:
             self.bytes_downloaded += event.bytes_received
         elif isinstance(event, JobSkipped):
             self.skipped.append(event.job)
+            if event.failed:
+                self.skipped_failed.append(event.job)
+        elif isinstance(event, JobCancelled) and event.job not in self.cancelled_jobs:
+            self.cancelled_jobs.append(event.job)
 
 
 def set_aside(results: Path, name: str) -> None:
@@ -216,7 +228,7 @@ def select_jobs(jobs: Sequence[Job], options: BatchOptions, bus: EventBus) -> Se
             pending.append(job)
             continue
         done[job.name] = not failed
-        bus.publish(JobSkipped(job=job.name, line=job.line_number))
+        bus.publish(JobSkipped(job=job.name, line=job.line_number, failed=failed))
     changed = changed_commands(pending, last)
     if changed and not options.allow_changed:
         raise ConfigError(
@@ -299,9 +311,12 @@ class Batch:
             with Journal.open(options.results_dir) as journal:
                 writer = JournalWriter(journal)
                 self.bus.subscribe(writer)
+                control = ControlServer(options.results_dir, batch_requests(self))
+                await control.start()
                 try:
                     await self._drive(actions)
                 finally:
+                    await control.close()
                     self.bus.unsubscribe(writer)
         finally:
             await self._close_all()
@@ -316,6 +331,10 @@ class Batch:
                 self._main.cancel()
             return
         self._perform(self.planner.stop())
+
+    def perform(self, actions: Sequence[Action]) -> None:
+        """Perform what the planner answered to an event from outside the loop (pause, cancel)."""
+        self._perform(actions)
 
     # -- hosts ---------------------------------------------------------------------------------
 
@@ -364,6 +383,7 @@ class Batch:
             reason = f"{executor.name}: probe failed: {exc or 'no answer in 30 s'}"
             self._perform(self.planner.probe_failed(host, reason))
             return
+        self.bus.publish(HostProbed.of(host, state))
         self._perform(self.planner.probe_landed(host, state, own, generation))
 
     async def _reprobe_loop(self) -> None:
@@ -413,6 +433,7 @@ class Batch:
                     await executor.close()
                 continue
             self.executors[host] = executor
+            self.bus.publish(HostProbed.of(host, state))
             self._perform(planner.host_back(host, state, own, {n: bool(s.get("running")) for n, s in executor.agent_jobs.items()}))
             return
         planner.revive_gave_up(host)
@@ -591,6 +612,7 @@ class Batch:
         if planner is not None:
             summary.halted = planner.halted
             summary.not_run = planner.unfinished()
+        summary.seconds = time.monotonic() - self._started
         self.bus.publish(
             BatchFinished(
                 finished=len(summary.outcomes) - len(summary.failed),
@@ -599,7 +621,7 @@ class Batch:
                 not_run=tuple(summary.not_run),
                 cancelled=summary.cancelled,
                 halted=summary.halted,
-                seconds=time.monotonic() - self._started,
+                seconds=summary.seconds,
                 bytes_sent=summary.bytes_uploaded,
                 files_sent=summary.files_uploaded,
                 bytes_received=summary.bytes_downloaded,
