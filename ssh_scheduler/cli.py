@@ -133,6 +133,8 @@ def execute_batch(
 
     try:
         check_numbers(timeout=timeout, keepalive=keepalive, retries=retries, lease=lease, probe_interval=probe_interval)
+        if not dry_run:
+            check_results_dir(results_dir)
         try:
             data = batch_file.read_bytes()
         except OSError as exc:
@@ -167,8 +169,6 @@ def execute_batch(
             halt=parse_halt(halt),
             keepalive=keepalive,
         )
-        if not dry_run:
-            check_results_dir(results_dir)
         verbosity = -1 if quiet else verbose
         batch = Batch(jobs, hosts, options)
         with batch_display(batch, json_events=json_events, plain=plain, verbosity=verbosity):

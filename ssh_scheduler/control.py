@@ -147,13 +147,16 @@ def send_request(results_dir: Path, request: dict[str, Any], timeout: float = 10
             raise ControlError(f"no batch is running in {results_dir} (nothing answers on {path})") from None
         except OSError as exc:
             raise ControlError(f"cannot reach the batch in {results_dir}: {exc.strerror or exc}") from None
-        sock.sendall(json.dumps(request).encode() + b"\n")
+        # A refusing coordinator answers without reading: the reply still waits to be read.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            sock.sendall(json.dumps(request).encode() + b"\n")
         data = b""
-        while not data.endswith(b"\n"):
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            data += chunk
+        with contextlib.suppress(ConnectionResetError):
+            while not data.endswith(b"\n"):
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
     try:
         reply = json.loads(data)
     except ValueError:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .events import Event, HostProbed, JobFailed, Notice
+from .events import Event, HostProbed, JobCancelled, JobFailed, Notice
 from .terminal import Printer, TerminalLines
 
 if TYPE_CHECKING:
@@ -54,6 +54,9 @@ def plain_subscriber(out: Printer, err: Printer, verbosity: int = 0) -> Callable
         if isinstance(event, HostProbed):
             if verbosity > 0:
                 err(probed_line(event))
+            return
+        if isinstance(event, JobCancelled):  # the ancestor had no cancel: a line of our own
+            out(f"cancelled: {event.job}" + (f" on {event.host}" if event.host else ""))
             return
         lines(event)
 

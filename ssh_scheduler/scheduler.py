@@ -355,7 +355,9 @@ class Batch:
                     lease=self.options.lease, token=self.token,
                 )
                 self.executors[machine.name] = executor
-            except (HostKeyError, AuthenticationError):
+            except (HostKeyError, AuthenticationError) as exc:
+                if machine.name not in str(exc):  # which of many hosts: name it
+                    raise type(exc)(f"{machine.name}: {exc}") from None
                 raise
             except TransportError as exc:
                 self._perform(planner.host_unreachable(machine.name, str(exc)))
