@@ -189,19 +189,21 @@ def batch_display(batch: Any, *, json_events: bool, plain: bool, verbosity: int)
     lines (not a terminal, ``--plain``, ``NO_COLOR``, ``TERM=dumb``)."""
     from .display import JsonLines, plain_subscriber, wire_logging
 
-    wire_logging(verbosity, err_line)
     if json_events:
         batch.bus.subscribe(JsonLines(out_line))
         batch.bus.subscribe(plain_subscriber(lambda _: None, err_line, min(verbosity, 0)))
+        wire_logging(verbosity, err_line)
         return contextlib.nullcontext()
     tty = sys.stdout.isatty() and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
     if plain or not tty or batch.options.dry_run:
         batch.bus.subscribe(plain_subscriber(out_line, err_line, verbosity))
+        wire_logging(verbosity, err_line)
         return contextlib.nullcontext()
     from .live import LiveView
 
     view = LiveView(verbosity=verbosity)
     batch.bus.subscribe(view)
+    wire_logging(verbosity, view.print_err)  # above the live area, not through it
     return view
 
 

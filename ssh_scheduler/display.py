@@ -67,14 +67,20 @@ def wire_logging(verbosity: int, err: Printer) -> None:
     """``-v``: the library's log (connections, transfers with byte counts) goes to ``err``."""
     if verbosity <= 0:
         return
-
-    class ToPrinter(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            err(f"{record.name.removeprefix('ssh_scheduler.')}: {record.getMessage()}")
-
     logger = logging.getLogger("ssh_scheduler")
+    for old in [h for h in logger.handlers if isinstance(h, _ToPrinter)]:
+        logger.removeHandler(old)  # one run per process, but tests call the CLI in-process
     logger.setLevel(logging.DEBUG if verbosity > 1 else logging.INFO)
-    logger.addHandler(ToPrinter())
+    logger.addHandler(_ToPrinter(err))
+
+
+class _ToPrinter(logging.Handler):
+    def __init__(self, err: Printer) -> None:
+        super().__init__()
+        self.err = err
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.err(f"{record.name.removeprefix('ssh_scheduler.')}: {record.getMessage()}")
 
 
 def _duration(seconds: float) -> str:

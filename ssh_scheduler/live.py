@@ -167,12 +167,12 @@ class LiveView:
         self.board = BoardState()
         self._lock = threading.Lock()
         self._live = Live(console=self.console, get_renderable=self._renderable, refresh_per_second=2)
-        self._lines = plain_subscriber(self._print, self._print_err, verbosity)
+        self._lines = plain_subscriber(self.print_out, self.print_err, verbosity)
 
-    def _print(self, line: str) -> None:
+    def print_out(self, line: str) -> None:
         self.console.print(Text(line))
 
-    def _print_err(self, line: str) -> None:
+    def print_err(self, line: str) -> None:
         self.console.print(Text(line, style="yellow"))
 
     def _renderable(self) -> Group:

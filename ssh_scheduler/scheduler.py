@@ -355,6 +355,7 @@ class Batch:
                     lease=self.options.lease, token=self.token,
                 )
                 self.executors[machine.name] = executor
+                log.info("connected to %s", machine.name)
             except (HostKeyError, AuthenticationError) as exc:
                 if machine.name not in str(exc):  # which of many hosts: name it
                     raise type(exc)(f"{machine.name}: {exc}") from None
@@ -575,9 +576,11 @@ class Batch:
                 ended = Ended(None, message=str(exc))
             else:
                 try:
-                    ended = await run.run(
-                        resume=start.resume, on_started=lambda: self._perform(planner.job_started(name, time.time()))
-                    )
+                    def started() -> None:
+                        log.info("sent: %s's inputs are on %s (%d bytes sent there so far)", name, executor.name, executor.bytes_sent)
+                        self._perform(planner.job_started(name, time.time()))
+
+                    ended = await run.run(resume=start.resume, on_started=started)
                 finally:
                     output.close()
             if planner.killed_for(name) == "timeout" and not ended.host_lost:
@@ -594,6 +597,7 @@ class Batch:
                 report, problem = await run.commit()
                 if report is not None:
                     received = report.bytes
+                    log.info("received: %s, %d bytes from %s", name, received, executor.name)
                     for warning in report.warnings:
                         self.bus.publish(Notice(level="warning", message=f"{name}: {warning}", job=name))
                 if problem is not None:

@@ -4,6 +4,8 @@ board's counts and ETA, the plain line filters, and the checks made before conne
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -156,3 +158,10 @@ def test_results_dir_must_be_a_writable_folder(tmp_path: Path) -> None:
         check_results_dir(tmp_path / "file")
     with pytest.raises(ConfigError, match="is a file"):
         check_results_dir(tmp_path / "file" / "job_results")
+
+
+@pytest.mark.parametrize("module", ["status", "display", "preflight"])
+def test_the_pure_view_modules_load_no_asyncio(module: str) -> None:
+    code = f"import sys, ssh_scheduler.{module}; print(sorted(m for m in ('asyncio', 'asyncssh', 'rich') if m in sys.modules))"
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert found.stdout.strip() == "[]"

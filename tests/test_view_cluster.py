@@ -182,6 +182,23 @@ def test_live_view_on_a_terminal_and_plain_lines_when_piped(cluster4: Cluster, t
         assert "started: b.sh.1;" in drawn
 
 
+def test_quiet_prints_only_failures_and_verbose_shows_the_wire(cluster4: Cluster, tmp_path: Path) -> None:
+    (tmp_path / "b.sh").write_text("echo a > a.txt\nexit 5\n")
+    args = ["execute_batch", "b.sh", *machines(cluster4, 1), *NO_GPU]
+    quiet = cli(tmp_path, *args, "-q")
+    assert quiet.returncode == 1
+    assert quiet.stdout.splitlines() == ["failed: b.sh.2; exit 5  (exit 5 on " + cluster4.hosts[0].name + ")"]
+    assert quiet.stderr.startswith("done: 1 finished, 1 failed")
+    verbose = cli(tmp_path, *args, "-v", "--results-dir", "v")
+    assert verbose.returncode == 1
+    assert "started: b.sh.1;" in verbose.stdout
+    wire = verbose.stderr.splitlines()
+    assert f"scheduler: connected to {cluster4.hosts[0].name}" in wire
+    assert any(line.startswith(f"probed: {cluster4.hosts[0].name} load ") and "gpu1 " in line for line in wire)
+    assert any(line.startswith("scheduler: sent: b.sh.1's inputs are on ") for line in wire)
+    assert any(line.startswith("scheduler: received: b.sh.1, ") for line in wire)
+
+
 def test_status_on_a_running_batch_and_after_its_coordinator_was_killed(cluster4: Cluster, tmp_path: Path) -> None:
     (tmp_path / "b.sh").write_text("sleep 4\n" * 10)
     # One host with 4 CPUs at 2 per job: 2 run at once, 8 wait.
