@@ -277,8 +277,8 @@ COMMANDS: dict[str, Callable[..., None]] = {
 }
 
 
-CONTROL_COMMANDS = ("status", "jobs", "pause", "resume", "cancel")
-"""Commands on a batch's results folder (cli_status): read its journal or steer its coordinator."""
+CONTROL_COMMANDS = ("status", "jobs", "pause", "resume", "cancel", "doctor")
+"""Commands of cli_status: read a batch's journal, steer its coordinator, check the hosts."""
 
 
 def command(name: str) -> Callable[..., None]:

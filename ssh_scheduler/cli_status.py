@@ -86,4 +86,28 @@ def cancel(
     _echo(f"cancelled: {' '.join(job_names)}")
 
 
-COMMANDS: dict[str, Callable[..., None]] = {"status": status, "jobs": jobs, "pause": pause, "resume": resume, "cancel": cancel}
+def doctor(
+    machines: Annotated[list[str], typer.Option("--machines", help="machine YAML files, ~/.ssh/config aliases or ranges")],
+    accept_new: Annotated[bool, typer.Option("--accept-new", help="trust and record unknown host keys")] = False,
+    json_output: Annotated[bool, typer.Option("--json", help="one JSON list, an object per host")] = False,
+) -> None:
+    """Check every host at once; exit 0 only when all pass."""
+    import asyncio
+
+    from .config import load_machines
+    from .doctor import check_hosts, report_json, report_lines
+
+    try:
+        hosts = load_machines(machines)
+    except SchedulerError as exc:
+        raise _fail(str(exc), exc.exit_code) from None
+    reports = asyncio.run(check_hosts(hosts, accept_new=accept_new))
+    if json_output:
+        _echo(json.dumps(report_json(reports)))
+    else:
+        for line in report_lines(reports):
+            _echo(line)
+    raise typer.Exit(0 if all(r.ok for r in reports) else 1)
+
+
+COMMANDS: dict[str, Callable[..., None]] = {"doctor": doctor, "status": status, "jobs": jobs, "pause": pause, "resume": resume, "cancel": cancel}

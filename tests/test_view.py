@@ -165,3 +165,23 @@ def test_the_pure_view_modules_load_no_asyncio(module: str) -> None:
     code = f"import sys, ssh_scheduler.{module}; print(sorted(m for m in ('asyncio', 'asyncssh', 'rich') if m in sys.modules))"
     found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert found.stdout.strip() == "[]"
+
+
+def test_doctor_reads_the_check_output_and_names_each_fix() -> None:
+    from ssh_scheduler.doctor import HostReport, parse_report, report_lines
+
+    good = HostReport("g", reachable=True, host_key=True, login=True)
+    parse_report(good, "shell=bash\npython=3.11\ndisk_free_kb=20971520\ncpus=8\nmem_free_kb=4194304\n"
+                       "gpu=0, NVIDIA H100, 81559, 550.54\ncuda=12.4\n")
+    assert good.ok and (good.python, good.disk_free_mb, good.cpus, good.memory_free_mb, good.cuda) == ("3.11", 20480, 8, 4096, "12.4")
+    bad = HostReport("b", reachable=True, host_key=True, login=True)
+    parse_report(bad, "shell=sh\npython_error=sh: 1: python3: not found\ndisk_free_kb=1000\ncpus=2\n")
+    assert bad.problems == [
+        "python3 does not run (sh: 1: python3: not found); fix: install it (Debian/Ubuntu: apt install python3), "
+        "the agent that runs the jobs needs it",
+        "only 0 MB free in the work root; fix: free space or set workdir to a bigger disk",
+    ]
+    lines = report_lines([good, bad])
+    assert lines[1].split()[:5] == ["g", "yes", "yes", "yes", "3.11"]
+    assert lines[2].split()[4] == "NO"
+    assert lines[3].startswith("b: python3 does not run")

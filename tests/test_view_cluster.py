@@ -313,3 +313,38 @@ def test_read_only_working_folder_is_caught_before_connecting(cluster4: Cluster,
         "(Read-only file system); run from a folder you can write to or pass --results-dir"
     )
     assert sorted(os.listdir(work)) == ["b.sh"]  # nothing made
+
+
+def machine_variant(cluster: Cluster, index: int, path: Path, **changes: str) -> Path:
+    """A copy of a host's machine file with some keys changed."""
+    lines = cluster.machine_files[index].read_text().splitlines()
+    kept = [line for line in lines if line.split(":", 1)[0] not in changes]
+    path.write_text("\n".join([*kept, *(f"{k}: {v}" for k, v in changes.items())]) + "\n")
+    return path
+
+
+def test_doctor_reports_exactly_the_problems_with_their_fixes(cluster4: Cluster, tmp_path: Path) -> None:
+    (tmp_path / "empty_known_hosts").write_text("")
+    good = cluster4.machine_files[0]
+    unknown = machine_variant(cluster4, 1, tmp_path / "unknown.yaml", name="unknown", known_hosts=str(tmp_path / "empty_known_hosts"))
+    down = machine_variant(cluster4, 2, tmp_path / "down.yaml", name="down", port="1")
+    done = cli(tmp_path, "doctor", "--machines", str(good), str(unknown), str(down))
+    assert done.returncode == 1, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].split() == ["host", "reachable", "key", "login", "python3", "disk", "free", "cpus", "mem", "free", "GPUs", "CUDA", "latency"]
+    row = {line.split()[0]: line.split() for line in lines[1:4]}
+    good_name = cluster4.hosts[0].name
+    assert row[good_name][1:4] == ["yes", "yes", "yes"] and row[good_name][4].startswith("3.")
+    assert row[good_name][10] == "2"  # GPUs seen through nvidia-smi
+    assert row["unknown"][1:4] == ["yes", "NO", "NO"]
+    assert row["down"][1:4] == ["NO", "NO", "NO"]
+    problems = lines[4:]
+    assert [p.split(":", 1)[0] for p in problems] == ["unknown", "down"]  # the good host has none
+    assert "unknown host key" in problems[0] and "--accept-new" in problems[0]
+    assert problems[1].startswith("down: unreachable: ") and "fix: check ip, port" in problems[1]
+
+    alone = cli(tmp_path, "doctor", "--machines", str(good), "--json")
+    assert alone.returncode == 0, alone.stdout
+    [report] = json.loads(alone.stdout)
+    assert report["ok"] and report["problems"] == [] and report["cpus"] == 4 and len(report["gpus"]) == 2
+    assert report["memory_free_mb"] > 0 and report["disk_free_mb"] > 0 and report["latency_ms"] >= 0
