@@ -93,12 +93,14 @@ def _duration(seconds: float) -> str:
 
 
 def _size(count: int) -> str:
-    value = float(count)
-    for unit in ("B", "KB", "MB", "GB"):
-        if value < 1024 or unit == "GB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+    """``83886080 bytes (80.0 MB)``: the exact count for scripts, the rounded one for people."""
+    if count < 1024:
+        return f"{count} bytes"
+    value, units = count / 1024, ["KB", "MB", "GB"]
+    while value >= 1024 and len(units) > 1:
         value /= 1024
-    raise AssertionError("unreachable")
+        units.pop(0)
+    return f"{count} bytes ({value:.1f} {units[0]})"
 
 
 def summary_lines(summary: BatchSummary, results_dir: Path) -> list[str]:

@@ -78,7 +78,7 @@ def test_summary_names_failures_with_their_err_and_skipped_failures() -> None:
     summary(JobSkipped(job="old", line=3, failed=True))
     summary(JobSkipped(job="fine", line=4))
     lines = summary_lines(summary, Path("job_results"))
-    assert lines[0] == "done: 1 finished, 1 failed, 2 skipped in 1m15s; sent 3.0 MB in 2 files, received 10 B"
+    assert lines[0] == "done: 1 finished, 1 failed, 2 skipped in 1m15s; sent 3145728 bytes (3.0 MB) in 2 files, received 10 bytes"
     assert lines[1] == "  failed: bad (exit 3 on h2): job_results/bad.err"
     assert lines[2] == "1 jobs failed in an earlier run and were skipped: old; rerun with --retry-failed to run them again"
     assert summary.exit_code == 1
