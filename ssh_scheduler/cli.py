@@ -349,5 +349,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     for name in (*COMMANDS, "execute_to", *CONTROL_COMMANDS):
         func = command(name)
         app.command(name=name)(func)
-        app.command(name=name.replace("_", "-"), hidden=True)(func)
+        if "_" in name:  # a hidden twin with the same name would hide the command itself
+            app.command(name=name.replace("_", "-"), hidden=True)(func)
     run_app(app, args, "ssh-scheduler")

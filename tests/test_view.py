@@ -4,6 +4,7 @@ board's counts and ETA, the plain line filters, and the checks made before conne
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -185,3 +186,10 @@ def test_doctor_reads_the_check_output_and_names_each_fix() -> None:
     assert lines[1].split()[:5] == ["g", "yes", "yes", "yes", "3.11"]
     assert lines[2].split()[4] == "NO"
     assert lines[3].startswith("b: python3 does not run")
+
+
+def test_the_new_commands_are_listed_in_the_help() -> None:
+    shown = subprocess.run([sys.executable, "-m", "ssh_scheduler", "--help"], capture_output=True, text=True, env={**os.environ, "COLUMNS": "120"})
+    assert shown.returncode == 0
+    listed = {line.split()[1] for line in shown.stdout.splitlines() if line.startswith("│ ") and len(line.split()) > 2}
+    assert {"status", "jobs", "pause", "resume", "cancel", "doctor", "execute_batch"} <= listed
