@@ -246,10 +246,10 @@ def test_pause_cancel_and_resume_a_running_batch(cluster4: Cluster, tmp_path: Pa
         time.sleep(0.2)
     assert state["coordinator"] == "paused" and state["counts"]["running"] == 0 and state["counts"]["waiting"] == 2
     assert state["counts"]["cancelled"] == 1
+    assert not [e for e in journal_states(tmp_path / "job_results") if e["job"] == "b.sh.2"]  # not even placed
     unknown = cli(tmp_path, "cancel", "nope")
     assert unknown.returncode == 2 and "not jobs of this batch: nope" in unknown.stderr
 
-    resumed_at = time.time()
     assert cli(tmp_path, "resume").returncode == 0
     out, err = output.finish()
     assert proc.returncode == 1, err  # a cancelled job means not everything ran
@@ -259,7 +259,6 @@ def test_pause_cancel_and_resume_a_running_batch(cluster4: Cluster, tmp_path: Pa
     states = journal_states(results)
     assert [e["state"] for e in states if e["job"] == "b.sh.1"][-1] == "cancelled"
     assert "woke" not in (results / "b.sh.1.out").read_text()  # really killed, not waited for
-    assert min(e["t"] for e in states if e["job"] == "b.sh.2") >= resumed_at - 1
     assert not sock.exists()
     gone = cli(tmp_path, "pause")
     assert gone.returncode == 2 and "no batch is running in job_results" in gone.stderr
