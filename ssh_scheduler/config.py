@@ -63,6 +63,7 @@ import yaml
 
 from ssh_scheduler import hostlist
 from ssh_scheduler.errors import ConfigError, plain_text, show_value
+from ssh_scheduler.machine_env import parse_env, parse_setup
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
@@ -113,6 +114,10 @@ class Machine:
     max_sessions: int = DEFAULT_MAX_SESSIONS
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     forward_agent: bool = False
+    env: tuple[tuple[str, str], ...] = ()
+    """``env:``: variables every job on it gets."""
+    setup: tuple[str, ...] = ()
+    """``setup:``: shell lines run before every job on it (see machine_env)."""
     is_local: bool = False
     """The coordinator's own machine, run without SSH."""
     source: str = ""
@@ -219,6 +224,8 @@ MACHINE_KEYS: dict[str, str] = {
     "connect_timeout": f"seconds to wait for a connection, default {DEFAULT_CONNECT_TIMEOUT:g}",
     "forward_agent": "true to forward the ssh agent, default false",
     "proxy_jump": "a jump host, like user@bastion:22",
+    "env": "variables every job gets, like {OMP_NUM_THREADS: 4}",
+    "setup": "shell lines run before every job, like 'conda activate exp'",
 }
 """Every key a machine YAML may have, with a short description (used in messages)."""
 
@@ -489,6 +496,9 @@ def parse_machine_yaml(text: str, *, source: str, base_dir: Path | None = None) 
     if raw_jump is not None:
         proxy_jump = _check_proxy_jump(raw_jump, at("proxy_jump"), "'proxy_jump'")
 
+    env = parse_env(given("env"), at("env")) if given("env") is not None else ()
+    setup = parse_setup(given("setup"), at("setup")) if given("setup") is not None else ()
+
     return Machine(
         name=name,
         host=host,
@@ -501,6 +511,8 @@ def parse_machine_yaml(text: str, *, source: str, base_dir: Path | None = None) 
         max_sessions=max_sessions,
         connect_timeout=connect_timeout,
         forward_agent=forward_agent,
+        env=env,
+        setup=setup,
         source=source,
     )
 

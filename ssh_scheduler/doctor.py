@@ -16,6 +16,7 @@ from typing import Any
 
 from .config import Machine
 from .errors import AuthenticationError, HostKeyError, HostUnreachableError, TransportError
+from .machine_env import with_setup
 from .transport import connect
 
 __all__ = ["HostReport", "check_hosts", "parse_report", "report_lines"]
@@ -39,10 +40,18 @@ fi
 """
 
 
-def check_script(workdir: str) -> str:
-    """The remote check, for ``sh``; a ``~`` work root is the remote home."""
+def check_script(workdir: str, setup: tuple[str, ...] = ()) -> str:
+    """The remote check, for ``sh``; a ``~`` work root is the remote home.  The machine's
+    ``setup:`` runs as before a job (bash, not interactive) and its failure is reported."""
     root = '"$HOME"' + shlex.quote(workdir[1:]) if workdir.startswith("~") else shlex.quote(workdir)
-    return "sh -c " + shlex.quote(_SCRIPT.format(root=root))
+    script = _SCRIPT.format(root=root)
+    if setup:
+        recipe = shlex.quote(with_setup("true", setup))
+        script += (
+            f'if out=$(bash -c {recipe} 2>&1 </dev/null); then echo setup=ok; '
+            'else echo "setup_error=$(echo "$out" | tail -n 2 | tr "\\n" " ")"; fi\n'
+        )
+    return "sh -c " + shlex.quote(script)
 
 
 @dataclass(slots=True)
@@ -59,6 +68,8 @@ class HostReport:
     gpus: list[str] = field(default_factory=list)
     cuda: str = ""
     latency_ms: float | None = None
+    setup: str = ""
+    """``ok``, ``failed`` or empty (the machine has no ``setup:``)."""
     problems: list[str] = field(default_factory=list)
     """Each: what is wrong, then ``; fix: ...``."""
 
@@ -95,6 +106,14 @@ def parse_report(report: HostReport, text: str) -> None:
                 report.gpus.append(value.strip())
             case "cuda":
                 report.cuda = value.strip()
+            case "setup":
+                report.setup = "ok"
+            case "setup_error":
+                report.setup = "failed"
+                report.problems.append(
+                    f"setup failed: {value.strip()}; fix: correct the machine's setup: lines "
+                    "(they run in a non-interactive bash before every job)"
+                )
     if not report.python:
         report.problems.append(
             f"python3 does not run ({python_error or 'no answer'}); fix: install it (Debian/Ubuntu: "
@@ -130,7 +149,7 @@ async def check_host(machine: Machine, *, accept_new: bool = False) -> HostRepor
         began = time.monotonic()
         await transport.exec("true")
         report.latency_ms = round((time.monotonic() - began) * 1000, 1)
-        result = await transport.exec(check_script(machine.workdir))
+        result = await transport.exec(check_script(machine.workdir, machine.setup))
         parse_report(report, result.stdout.decode(errors="replace"))
     except TransportError as exc:
         report.problems.append(f"the checks did not finish: {exc}")
@@ -150,7 +169,7 @@ def _mark(value: bool) -> str:
 
 def report_lines(reports: list[HostReport]) -> list[str]:
     """One table row per host, then each problem with its fix."""
-    rows = [("host", "reachable", "key", "login", "python3", "disk free", "cpus", "mem free", "GPUs", "CUDA", "latency")]
+    rows = [("host", "reachable", "key", "login", "python3", "disk free", "cpus", "mem free", "GPUs", "CUDA", "setup", "latency")]
     for r in reports:
         rows.append((
             r.host, _mark(r.reachable), _mark(r.host_key), _mark(r.login), r.python or ("-" if not r.login else "NO"),
@@ -159,6 +178,7 @@ def report_lines(reports: list[HostReport]) -> list[str]:
             f"{r.memory_free_mb} MB" if r.memory_free_mb is not None else "-",
             str(len(r.gpus)) if r.login else "-",
             r.cuda or "-",
+            r.setup or "-",
             f"{r.latency_ms:g} ms" if r.latency_ms is not None else "-",
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]

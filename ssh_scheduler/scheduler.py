@@ -53,6 +53,7 @@ from .events import (
 from .executors import Executor, open_executor, probe_only
 from .jobrun import JobRun, JobSpec, OutputFiles, job_environment
 from .journal import JobState, Journal, JournalWriter, batch_token, last_states
+from .machine_env import with_setup
 from .plan import (
     Action,
     Cleanup,
@@ -557,11 +558,12 @@ class Batch:
         forward = self.forward_sets.get(key)
         if forward is None:  # hashing new inputs: off the event loop
             forward = await asyncio.to_thread(self._forward_for, job)
+        machine = self.machines[start.placement.machine]
         spec = JobSpec(
             name,
-            job.command,
+            with_setup(job.command, machine.setup),
             executor.jobdir(self.token, name),
-            job_environment(name, start.placement.gpu_indices),
+            {**dict(machine.env), **job_environment(name, start.placement.gpu_indices)},
             forward,
             options.results_dir,
             job.copy_backwards if job.copy_backwards is not None else options.copy_backwards,

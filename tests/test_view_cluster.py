@@ -330,7 +330,7 @@ def test_doctor_reports_exactly_the_problems_with_their_fixes(cluster4: Cluster,
     done = cli(tmp_path, "doctor", "--machines", str(good), str(unknown), str(down))
     assert done.returncode == 1, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0].split() == ["host", "reachable", "key", "login", "python3", "disk", "free", "cpus", "mem", "free", "GPUs", "CUDA", "latency"]
+    assert lines[0].split() == ["host", "reachable", "key", "login", "python3", "disk", "free", "cpus", "mem", "free", "GPUs", "CUDA", "setup", "latency"]
     row = {line.split()[0]: line.split() for line in lines[1:4]}
     good_name = cluster4.hosts[0].name
     assert row[good_name][1:4] == ["yes", "yes", "yes"] and row[good_name][4].startswith("3.")
@@ -347,3 +347,51 @@ def test_doctor_reports_exactly_the_problems_with_their_fixes(cluster4: Cluster,
     [report] = json.loads(alone.stdout)
     assert report["ok"] and report["problems"] == [] and report["cpus"] == 4 and len(report["gpus"]) == 2
     assert report["memory_free_mb"] > 0 and report["disk_free_mb"] > 0 and report["latency_ms"] >= 0
+
+
+CONDA_STUB = """#!/bin/sh
+# A stand-in for conda: only what activation in a non-interactive shell needs.
+if [ "$1" = shell.bash ] && [ "$2" = hook ]; then
+  echo 'conda() { if [ "$1" = activate ]; then export CONDA_DEFAULT_ENV="$2"; else command conda "$@"; fi; }'
+  exit 0
+fi
+echo "CommandNotFoundError: Your shell has not been properly configured to use 'conda activate'." >&2
+echo "To initialize your shell, run: conda init" >&2
+exit 1
+"""
+
+
+def test_machine_env_and_setup_with_conda_and_a_broken_setup(cluster4: Cluster, tmp_path: Path) -> None:
+    host = cluster4.hosts[3]
+    stub = host.home / "stubconda"
+    stub.mkdir(exist_ok=True)
+    (stub / "conda").write_text(CONDA_STUB)
+    os.chmod(stub / "conda", 0o755)
+    os.chmod(stub, 0o755)
+    os.chown(stub, host.uid, -1)
+    good = machine_variant(
+        cluster4, 3, tmp_path / "envhost.yaml", name="envhost",
+        env="{GREETING: hello, THREADS: 4}", setup='["export PATH=$HOME/stubconda:$PATH", "conda activate exp"]',
+    )
+    broken = machine_variant(cluster4, 3, tmp_path / "broken.yaml", name="broken", setup="source /nonexistent/venv/bin/activate")
+    (tmp_path / "b.sh").write_text('echo "$GREETING $THREADS $CONDA_DEFAULT_ENV"\n')
+    done = cli(tmp_path, "execute_batch", "b.sh", "--machines", str(good), *NO_GPU)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "job_results" / "b.sh.1.out").read_text() == "hello 4 exp\n"
+    assert "started: b.sh.1;  export CUDA_VISIBLE_DEVICES= && echo" in done.stdout  # the command as written
+
+    failed = cli(tmp_path, "execute_batch", "b.sh", "--machines", str(broken), *NO_GPU, "--results-dir", "r2")
+    assert failed.returncode == 1
+    assert "failed: b.sh.1;" in failed.stdout and "(exit 126 on broken)" in failed.stdout
+    err = (tmp_path / "r2" / "b.sh.1.err").read_text()
+    assert "setup line failed (exit code follows): source /nonexistent/venv/bin/activate 1" in err
+
+    fine = cli(tmp_path, "doctor", "--machines", str(good))  # one host: two files may not name it
+    assert fine.returncode == 0, fine.stdout
+    assert fine.stdout.splitlines()[1].split()[-3] == "ok" and len(fine.stdout.splitlines()) == 2
+    doctor = cli(tmp_path, "doctor", "--machines", str(broken))
+    assert doctor.returncode == 1
+    assert doctor.stdout.splitlines()[1].split()[-3] == "failed"
+    problems = doctor.stdout.splitlines()[2:]
+    assert len(problems) == 1 and problems[0].startswith("broken: setup failed: ")
+    assert "/nonexistent/venv/bin/activate" in problems[0] and "fix: correct the machine's setup: lines" in problems[0]
