@@ -90,6 +90,10 @@ class Agent(object):
         self.shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
         self.subreaper = None  # prctl's answer, asked at the first job (see hostguard)
         self.children = set()  # pids of our own children besides job shells (probes)
+        # Children being started: their pid is not known to us until the spawn returns, and a
+        # fast one may already be a zombie then; asyncio must reap it, never the sweep (it would
+        # then report 255 for the job), so the sweep leaves unknown zombies alone meanwhile.
+        self.spawning = 0
         self.sweep_handle = None
         self.zombies = []
         self.trust = None  # which cache entries hashed true (G.CacheTrust), at the first "have"
@@ -283,14 +287,15 @@ class Agent(object):
         me = os.getpid()
         # Zombies among our children that asyncio does not wait for: orphans that ended.
         keep = set(j.pid for j in self.running_jobs()) | self.children
-        self.zombies = G.reap(set(self.zombies) | set(
-            pid for pid in kids.get(me, ()) if pid not in keep and table[pid][2] == b"Z"))
+        ended_orphans = set() if self.spawning else set(
+            pid for pid in kids.get(me, ()) if pid not in keep and table[pid][2] == b"Z")
+        self.zombies = G.reap(set(self.zombies) | ended_orphans)
         left = [pid for pid, folder in self.orphans(table, kids).items()
                 if any(j.jobdir and G.inside(folder, j.jobdir) for j in ended)]
         for pid in left:
             G.signal_all(G.subtree(kids, pid), signal.SIGKILL)
         self.zombies.extend(left)
-        if self.zombies:  # reaped once they are dead
+        if self.zombies or self.spawning:  # reaped once they are dead (or the spawn is done)
             self.sweep_handle = asyncio.get_event_loop().call_later(0.05, self.sweep_leftovers)
 
     def end_all(self):
@@ -326,10 +331,14 @@ class Agent(object):
             self.done.set_result(None)
 
     async def op_probe(self, req):
-        proc = await asyncio.create_subprocess_exec(
-            "/bin/sh", "-c", req.cmd, stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
-        self.children.add(proc.pid)
+        self.spawning += 1
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                "/bin/sh", "-c", req.cmd, stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+            self.children.add(proc.pid)
+        finally:
+            self.spawning -= 1
         try:
             out, _ = await proc.communicate()
         finally:
@@ -433,18 +442,21 @@ class Agent(object):
         loop = asyncio.get_event_loop()
         protocol = JobProtocol(self, job, loop)
         self.contain()
+        self.spawning += 1
         try:
             transport, _ = await loop.subprocess_exec(
                 lambda: protocol, self.shell, "-c", req.cmd, cwd=req.cwd, env=env,
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, start_new_session=True)
         except (OSError, subprocess.SubprocessError) as exc:
+            self.spawning -= 1
             protocol.close_files()
             job.code = 127
             self.send(P.Exit(job=name, code=127, message=str(exc)))
             return
         job.transport = transport
         job.pid = transport.get_pid()
+        self.spawning -= 1
         self.send(P.Started(job=name, pid=job.pid))
         await protocol.exited
         # The shell is gone, but a background grandchild may live on (and hold the pipes open):

@@ -16,7 +16,7 @@ from pathlib import Path
 from .allocate import Needs
 from .batch import Job
 from .errors import ConfigError
-from .events import Ended, Event, EventBus, JobFailed, JobFinished, JobSkipped
+from .events import Ended, Event, EventBus, JobCancelled, JobFailed, JobFinished, JobSkipped
 from .forward import ForwardPolicy
 from .journal import JobState, batch_token, last_states
 from .policy import HaltPolicy, Resumable, changed_commands, in_flight
@@ -89,6 +89,10 @@ class BatchSummary:
     cancelled: bool = False
     halted: bool = False
     not_run: list[str] = field(default_factory=list)
+    skipped_failed: list[str] = field(default_factory=list)
+    """Skipped because results exist, but the earlier run recorded them as failed."""
+    cancelled_jobs: list[str] = field(default_factory=list)
+    seconds: float = 0.0
 
     @property
     def failed(self) -> list[str]:
@@ -96,7 +100,8 @@ class BatchSummary:
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.failed or self.cancelled or self.not_run else 0
+        unfinished = self.failed or self.cancelled or self.not_run or self.cancelled_jobs
+        return 1 if unfinished or self.skipped_failed else 0
 
     def describe(self) -> str:
         finished = len(self.outcomes) - len(self.failed)
@@ -118,6 +123,10 @@ class BatchSummary:
             self.bytes_downloaded += event.bytes_received
         elif isinstance(event, JobSkipped):
             self.skipped.append(event.job)
+            if event.failed:
+                self.skipped_failed.append(event.job)
+        elif isinstance(event, JobCancelled) and event.job not in self.cancelled_jobs:
+            self.cancelled_jobs.append(event.job)
 
 
 def set_aside(results: Path, name: str) -> None:
@@ -169,7 +178,7 @@ def select_jobs(jobs: Sequence[Job], options: BatchOptions, bus: EventBus) -> Se
             pending.append(job)
             continue
         done[job.name] = not failed
-        bus.publish(JobSkipped(job=job.name, line=job.line_number))
+        bus.publish(JobSkipped(job=job.name, line=job.line_number, failed=failed))
     changed = changed_commands(pending, last)
     if changed and not options.allow_changed:
         raise ConfigError(

@@ -163,6 +163,10 @@ def execute_batch(
     forward_max_files: Annotated[int | None, typer.Option("--forward-max-files", help="the default copy forward (.) stops above this many files (default 10000)")] = None,
     allow_secret_copies: Annotated[bool, typer.Option("--allow-secret-copies", help="send secret paths you name (.ssh, .aws, private keys...); a walk still withholds them")] = False,
     allow_outside_copies: Annotated[bool, typer.Option("--allow-outside-copies", help="let --commands lines copy paths outside the batch's folder")] = False,
+    json_events: Annotated[bool, typer.Option("--json", help="one JSON object per event on stdout (schema in the README)")] = False,
+    plain: Annotated[bool, typer.Option("--plain", help="plain lines even on a terminal (no live view)")] = False,
+    verbose: Annotated[int, typer.Option("--verbose", "-v", count=True, help="also show probes, connections and transfers")] = 0,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print only failures and the summary")] = False,
 ) -> None:
     """Run every line of BATCH_FILE as a job, placed where its needs fit.
 
@@ -170,12 +174,17 @@ def execute_batch(
     """
     from .batch import parse_batch
     from .config import load_machines, local_machine
+    from .display import summary_lines
     from .forward import DEFAULT_MAX_BYTES, DEFAULT_MAX_FILES, ForwardPolicy
     from .policy import parse_halt
+    from .preflight import check_numbers, check_results_dir
     from .scheduler import Batch, BatchOptions
     from .transfer import CopyLimits
 
     try:
+        check_numbers(timeout=timeout, keepalive=keepalive, retries=retries, lease=lease, probe_interval=probe_interval)
+        if not dry_run:
+            check_results_dir(results_dir)
         try:
             data = batch_file.read_bytes()
         except OSError as exc:
@@ -211,18 +220,42 @@ def execute_batch(
                 max_files=DEFAULT_MAX_FILES if forward_max_files is None else forward_max_files,
             ),
         )
-        batch = Batch(jobs, hosts, options, out=out_line, err=err_line)
-        summary = run_async(batch.run, batch.request_stop)
+        verbosity = -1 if quiet else verbose
+        batch = Batch(jobs, hosts, options)
+        with batch_display(batch, json_events=json_events, plain=plain, verbosity=verbosity):
+            summary = run_async(batch.run, batch.request_stop)
     except SchedulerError as exc:
         raise fail(exc) from None
     except asyncio.CancelledError:
         err_line("cancelled: running jobs were killed")
         raise typer.Exit(130) from None
     if not dry_run:
-        err_line(summary.describe())
-    if summary.failed:
-        err_line(f"{len(summary.failed)} of {len(summary.outcomes)} jobs failed; see {results_dir}/<job>.err")
+        for line in summary_lines(summary, results_dir):
+            err_line(line)
     raise typer.Exit(summary.exit_code)
+
+
+def batch_display(batch: Any, *, json_events: bool, plain: bool, verbosity: int) -> contextlib.AbstractContextManager[Any]:
+    """Subscribe what the user sees: ``--json`` events, the live view on a terminal, or the plain
+    lines (not a terminal, ``--plain``, ``NO_COLOR``, ``TERM=dumb``)."""
+    from .display import JsonLines, plain_subscriber, wire_logging
+
+    if json_events:
+        batch.bus.subscribe(JsonLines(out_line))
+        batch.bus.subscribe(plain_subscriber(lambda _: None, err_line, min(verbosity, 0)))
+        wire_logging(verbosity, err_line)
+        return contextlib.nullcontext()
+    tty = sys.stdout.isatty() and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
+    if plain or not tty or batch.options.dry_run:
+        batch.bus.subscribe(plain_subscriber(out_line, err_line, verbosity))
+        wire_logging(verbosity, err_line)
+        return contextlib.nullcontext()
+    from .live import LiveView
+
+    view = LiveView(verbosity=verbosity)
+    batch.bus.subscribe(view)
+    wire_logging(verbosity, view.print_err)  # above the live area, not through it
+    return view
 
 
 # --- execute_remote ------------------------------------------------------------------------------
@@ -299,6 +332,8 @@ COMMANDS: dict[str, Callable[..., None]] = {
 
 
 LAZY_COMMANDS = ("execute_to", "sweep", "results")
+CONTROL_COMMANDS = ("status", "jobs", "pause", "resume", "cancel", "doctor")
+"""Commands of cli_status: read a batch's journal, steer its coordinator, check the hosts."""
 
 
 def command(name: str) -> Callable[..., None]:
@@ -312,6 +347,10 @@ def command(name: str) -> Callable[..., None]:
         from .cli_sweep import COMMANDS as SWEEP_COMMANDS
 
         return SWEEP_COMMANDS[name]
+    if name in CONTROL_COMMANDS:
+        from .cli_status import COMMANDS as control
+
+        return control[name]
     return COMMANDS[name]
 
 
@@ -381,7 +420,7 @@ execute_to_main = single("execute_to")
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     wanted = args[0].replace("-", "_") if args else ""
-    if wanted in (*COMMANDS, *LAZY_COMMANDS):
+    if wanted in (*COMMANDS, *LAZY_COMMANDS, *CONTROL_COMMANDS):
         # Build only the command asked for: the others' modules need not load (start-up time).
         app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
         target, rest = route(wanted, args[1:])
@@ -394,9 +433,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="Run batches of shell commands across many machines and GPUs over plain SSH.",
         no_args_is_help=True,
     )
-    for name in (*COMMANDS, *LAZY_COMMANDS):
+    for name in (*COMMANDS, *LAZY_COMMANDS, *CONTROL_COMMANDS):
         func = command(name)
         app.command(name=name)(func)
-        if "_" in name:
+        if "_" in name:  # a hidden twin with the same name would hide the command itself
             app.command(name=name.replace("_", "-"), hidden=True)(func)
     run_app(app, args, "ssh-scheduler")

@@ -15,17 +15,24 @@ import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from .probe import HostState
 
 __all__ = [
     "EVENT_VERSION",
     "BatchFinished",
+    "BatchPaused",
+    "BatchResumed",
     "BatchStarted",
     "Ended",
     "Event",
     "EventBus",
+    "GpuReading",
     "HostBack",
     "HostDown",
+    "HostProbed",
     "HostQuarantined",
     "JobCancelled",
     "JobFailed",
@@ -79,6 +86,13 @@ class Ended:
         return f"exit {self.code}"
 
 
+def _plain(value: Any) -> Any:
+    """A tuple's element as JSON wants it (a reading dataclass becomes an object)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return value
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Event:
     """Base of every event: ``kind`` names it on the wire, ``t`` is when it happened (Unix time)."""
@@ -91,7 +105,9 @@ class Event:
         data: dict[str, Any] = {"version": EVENT_VERSION, "event": self.kind}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            data[f.name] = list(value) if isinstance(value, tuple) else value
+            if isinstance(value, tuple):
+                value = [_plain(v) for v in value]
+            data[f.name] = value
         data["t"] = round(self.t, 3)
         return data
 
@@ -123,6 +139,42 @@ class HostDown(Event):
     host: str
     reason: str
     at_start: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """One GPU as a probe saw it (memory in MB, utilization 0..1)."""
+
+    index: int
+    memory_used_mb: int
+    memory_total_mb: int
+    utilization: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostProbed(Event):
+    """A probe landed: what the host has now (everyone's use, not only ours)."""
+
+    kind: ClassVar[str] = "host_probed"
+    host: str
+    cpus: int
+    load: float
+    memory_free_mb: int
+    memory_total_mb: int
+    gpus: tuple[GpuReading, ...] = ()
+
+    @classmethod
+    def of(cls, host: str, state: HostState) -> HostProbed:
+        return cls(
+            host=host,
+            cpus=state.cpu_count,
+            load=state.load_1m,
+            memory_free_mb=state.mem_available_mb,
+            memory_total_mb=state.mem_total_mb,
+            gpus=tuple(
+                GpuReading(g.index, g.memory_used_mb, g.memory_total_mb, g.utilization) for g in state.gpus
+            ),
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -225,6 +277,8 @@ class JobSkipped(Event):
     kind: ClassVar[str] = "job_skipped"
     job: str
     line: int
+    failed: bool = False
+    """The earlier run recorded it as failed (``--retry-failed`` reruns it)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -252,6 +306,18 @@ class Stopping(Event):
     kind: ClassVar[str] = "stopping"
     how: str
     reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchPaused(Event):
+    """``ssh-scheduler pause``: no new job starts until ``resume``; running jobs go on."""
+
+    kind: ClassVar[str] = "paused"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchResumed(Event):
+    kind: ClassVar[str] = "resumed"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

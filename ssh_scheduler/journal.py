@@ -151,14 +151,20 @@ class JournalWriter:
         record = self.journal.record
         match event:
             case BatchStarted():
-                record("", JobState.BATCH, token=event.token)
+                record("", JobState.BATCH, token=event.token, jobs=event.jobs)
             case JobPlaced() | JobStarted():
                 state = JobState.PLACED if isinstance(event, JobPlaced) else JobState.STARTED
                 record(event.job, state, host=event.host, gpus=list(event.gpus), command=event.command)
             case JobFinished():
-                record(event.job, JobState.FINISHED, code=event.code, host=event.host, timed_out=False)
+                record(
+                    event.job, JobState.FINISHED, code=event.code, host=event.host, timed_out=False,
+                    seconds=round(event.seconds, 3), bytes=event.bytes_received,
+                )
             case JobFailed():
-                record(event.job, JobState.FAILED, code=event.code, host=event.host, timed_out=event.timed_out)
+                record(
+                    event.job, JobState.FAILED, code=event.code, host=event.host, timed_out=event.timed_out,
+                    seconds=round(event.seconds, 3), bytes=event.bytes_received,
+                )
             case JobRetrying():
                 record(event.job, JobState.RETRY, host=event.host, code=event.code)
             case JobRequeued():

@@ -35,6 +35,7 @@ from pathlib import Path
 import yaml
 
 from ssh_scheduler.errors import ConfigError, plain_text, show_value
+from ssh_scheduler.machine_env import parse_env, parse_setup
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
@@ -87,6 +88,10 @@ class Machine:
     max_sessions: int = DEFAULT_MAX_SESSIONS
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     forward_agent: bool = False
+    env: tuple[tuple[str, str], ...] = ()
+    """``env:``: variables every job on it gets."""
+    setup: tuple[str, ...] = ()
+    """``setup:``: shell lines run before every job on it (see machine_env)."""
     legacy_algorithms: bool = False
     """Also offer SHA-1 key exchange, ``ssh-rsa`` signatures, ``hmac-sha1`` and ``umac-64``
     (an old host that speaks nothing newer)."""
@@ -185,6 +190,8 @@ MACHINE_KEYS: dict[str, str] = {
     "connect_timeout": f"seconds to wait for a connection, default {DEFAULT_CONNECT_TIMEOUT:g}",
     "forward_agent": "true to forward the ssh agent, default false",
     "legacy_algorithms": "true to allow SHA-1 and other legacy SSH algorithms, default false",
+    "env": "variables every job gets, like {OMP_NUM_THREADS: 4}",
+    "setup": "shell lines run before every job, like 'conda activate exp'",
     "proxy_jump": "a jump host, like user@bastion:22",
 }
 """Every key a machine YAML may have, with a short description (used in messages)."""
@@ -449,6 +456,8 @@ def parse_machine_yaml(text: str, *, source: str, base_dir: Path | None = None) 
 
     forward_agent = flag("forward_agent")
     legacy_algorithms = flag("legacy_algorithms")
+    env = parse_env(given("env"), at("env")) if given("env") is not None else ()
+    setup = parse_setup(given("setup"), at("setup")) if given("setup") is not None else ()
 
     proxy_jump: str | None = None
     raw_jump = given("proxy_jump")
@@ -468,6 +477,8 @@ def parse_machine_yaml(text: str, *, source: str, base_dir: Path | None = None) 
         connect_timeout=connect_timeout,
         forward_agent=forward_agent,
         legacy_algorithms=legacy_algorithms,
+        env=env,
+        setup=setup,
         source=source,
     )
 

@@ -52,6 +52,8 @@ from .batch import Job
 from .errors import TransportError, UnsatisfiableError
 from .events import (
     TIMED_OUT,
+    BatchPaused,
+    BatchResumed,
     BatchStarted,
     Ended,
     HostBack,
@@ -110,6 +112,7 @@ class Planner:
         self.jobs: dict[str, JobSlot] = {job.name: JobSlot(job) for job in jobs}
         self.resumable = dict(resumable or {})
         self.draining = False
+        self.paused = False
         self.halted = False
         self.cancelled = False
         self.total = len(self.jobs)
@@ -391,7 +394,11 @@ class Planner:
         host = slot.placement.machine if slot.placement is not None else ""
         if slot.placement is not None and (resources := self.hosts[host].resources) is not None:
             resources.release(job)
-        return [Say(JobCancelled(job=job, host=host))]
+        actions: list[Action] = [Say(JobCancelled(job=job, host=host))]
+        if slot.killing == "cancel":  # this job alone (ssh-scheduler cancel): the batch goes on
+            actions += self._not_run_after(job, "was cancelled")
+            actions += self._dispatch()
+        return actions
 
     def tick(self, now: float) -> list[Action]:
         """Time passed: kill the jobs past ``--timeout``."""
@@ -456,6 +463,38 @@ class Planner:
         self.cancelled = True
         return [Say(Stopping(how="kill")), *self._kill_running("stop"), StopBatch()]
 
+    # -- control from another terminal (ssh-scheduler pause / resume / cancel) ----------------
+
+    def pause(self) -> list[Action]:
+        """Start nothing new until :meth:`resume`; what runs goes on."""
+        if self.paused:
+            return []
+        self.paused = True
+        return [Say(BatchPaused())]
+
+    def resume(self) -> list[Action]:
+        if not self.paused:
+            return []
+        self.paused = False
+        self._last_wait = ""
+        return [Say(BatchResumed()), *self._dispatch()]
+
+    def cancel(self, job: str) -> list[Action]:
+        """Kill ``job`` if it runs, or take it out of the queue; the jobs waiting for it will not
+        run.  A job that already ended (or is unknown) is left as it is, with a warning."""
+        slot = self.jobs.get(job)
+        if slot is None or slot.phase in FINAL_PHASES:
+            state = "is not part of this batch" if slot is None else f"already {slot.phase.value}"
+            return [Say(Notice(level="warning", message=f"cancel {job}: {state}"))]
+        if slot.phase is JobPhase.RUNNING:
+            if slot.killing:
+                return []
+            slot.killing = "cancel"
+            return [KillJob(job, "cancel")]
+        self._dequeue(slot)
+        slot.phase = JobPhase.CANCELLED
+        return [Say(JobCancelled(job=job, host="")), *self._not_run_after(job, "was cancelled"), *self._dispatch()]
+
     # -- internals -----------------------------------------------------------------------------
 
     def _enqueue(self, slot: JobSlot, front: bool = False) -> None:
@@ -471,7 +510,7 @@ class Planner:
             queue.remove(slot.job.name)
 
     def _dispatch(self) -> list[Action]:
-        if not self._began or self.draining:
+        if not self._began or self.draining or self.paused:
             return []
         usable = [h.resources for h in self.hosts.values() if h.usable and h.resources is not None]
         actions: list[Action] = []
@@ -555,7 +594,7 @@ class Planner:
                 actions.append(KillJob(name, reason))
         return actions
 
-    def _not_run_after(self, failed: str) -> list[Action]:
+    def _not_run_after(self, failed: str, why: str = "failed") -> list[Action]:
         """Jobs waiting (directly or not) for a job that failed will not run in this batch."""
         actions: list[Action] = []
         stack = list(self._dependents.get(failed, ()))
@@ -564,6 +603,6 @@ class Planner:
             if slot.phase is not JobPhase.BLOCKED:
                 continue
             slot.phase = JobPhase.NOT_RUN
-            actions.append(Say(JobNotRun(job=slot.job.name, reason=f"{failed} failed")))
+            actions.append(Say(JobNotRun(job=slot.job.name, reason=f"{failed} {why}")))
             stack.extend(self._dependents.get(slot.job.name, ()))
         return actions

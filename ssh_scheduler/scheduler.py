@@ -24,6 +24,7 @@ from typing import Any
 from .batch import Job
 from .batch_run import BatchOptions, BatchSummary, JobOutcome, select_jobs
 from .config import Machine
+from .control import ControlServer, batch_requests
 from .errors import (
     AuthenticationError,
     BatchError,
@@ -36,12 +37,14 @@ from .events import (
     BatchFinished,
     Ended,
     EventBus,
+    HostProbed,
     Notice,
 )
 from .executors import Executor, open_executor, probe_only
 from .forward import check_forward_size, check_job_copies, describe_forward
 from .jobrun import JobRun, JobSpec, OutputFiles, job_environment
 from .journal import Journal, JournalWriter
+from .machine_env import with_setup
 from .plan import (
     Action,
     Cleanup,
@@ -150,9 +153,12 @@ class Batch:
             with Journal.open(options.results_dir) as journal:
                 writer = JournalWriter(journal)
                 self.bus.subscribe(writer, first=True)
+                control = ControlServer(options.results_dir, batch_requests(self))
+                await control.start()
                 try:
                     await self._drive(actions)
                 finally:
+                    await control.close()
                     self.bus.unsubscribe(writer)
         finally:
             await self._close_all()
@@ -167,6 +173,10 @@ class Batch:
                 self._main.cancel()
             return
         self._perform(self.planner.stop())
+
+    def perform(self, actions: Sequence[Action]) -> None:
+        """Perform what the planner answered to an event from outside the loop (pause, cancel)."""
+        self._perform(actions)
 
     # -- hosts ---------------------------------------------------------------------------------
 
@@ -187,7 +197,10 @@ class Batch:
                     lease=self.options.lease, token=self.token,
                 )
                 self.executors[machine.name] = executor
-            except (HostKeyError, AuthenticationError):
+                log.info("connected to %s", machine.name)
+            except (HostKeyError, AuthenticationError) as exc:
+                if machine.name not in str(exc):  # which of many hosts: name it
+                    raise type(exc)(f"{machine.name}: {exc}") from None
                 raise
             except TransportError as exc:
                 self._perform(planner.host_unreachable(machine.name, str(exc)))
@@ -215,6 +228,7 @@ class Batch:
             reason = f"{executor.name}: probe failed: {exc or 'no answer in 30 s'}"
             self._perform(self.planner.probe_failed(host, reason))
             return
+        self.bus.publish(HostProbed.of(host, state))
         self._perform(self.planner.probe_landed(host, state, own, generation))
 
     async def _reprobe_loop(self) -> None:
@@ -264,6 +278,7 @@ class Batch:
                     await executor.close()
                 continue
             self.executors[host] = executor
+            self.bus.publish(HostProbed.of(host, state))
             self._perform(planner.host_back(host, state, own, {n: bool(s.get("running")) for n, s in executor.agent_jobs.items()}))
             return
         planner.revive_gave_up(host)
@@ -387,11 +402,12 @@ class Batch:
         forward = self.forward_sets.get(key)
         if forward is None:  # hashing new inputs: off the event loop
             forward = await asyncio.to_thread(self._forward_for, job)
+        machine = self.machines[start.placement.machine]
         spec = JobSpec(
             name,
-            job.command,
+            with_setup(job.command, machine.setup),
             executor.jobdir(self.token, name),
-            job_environment(name, start.placement.gpu_indices),
+            {**dict(machine.env), **job_environment(name, start.placement.gpu_indices)},
             forward,
             options.results_dir,
             job.copy_backwards if job.copy_backwards is not None else options.copy_backwards,
@@ -408,9 +424,12 @@ class Batch:
                 ended = Ended(None, message=str(exc))
             else:
                 try:
-                    ended = await run.run(
-                        resume=start.resume, on_started=lambda: self._perform(planner.job_started(name, time.time()))
-                    )
+
+                    def started() -> None:
+                        log.info("sent: %s's inputs are on %s (%d bytes sent there so far)", name, executor.name, executor.bytes_sent)
+                        self._perform(planner.job_started(name, time.time()))
+
+                    ended = await run.run(resume=start.resume, on_started=started)
                 finally:
                     output.close()
             if planner.killed_for(name) == "timeout" and not ended.host_lost:
@@ -427,6 +446,7 @@ class Batch:
                 report, problem = await run.commit()
                 if report is not None:
                     received = report.bytes
+                    log.info("received: %s, %d bytes from %s", name, received, executor.name)
                     for warning in report.warnings:
                         self.bus.publish(Notice(level="warning", message=f"{name}: {warning}", job=name))
                 if problem is not None:
@@ -447,6 +467,7 @@ class Batch:
         if planner is not None:
             summary.halted = planner.halted
             summary.not_run = planner.unfinished()
+        summary.seconds = time.monotonic() - self._started
         self.bus.publish(
             BatchFinished(
                 finished=len(summary.outcomes) - len(summary.failed),
@@ -455,7 +476,7 @@ class Batch:
                 not_run=tuple(summary.not_run),
                 cancelled=summary.cancelled,
                 halted=summary.halted,
-                seconds=time.monotonic() - self._started,
+                seconds=summary.seconds,
                 bytes_sent=summary.bytes_uploaded,
                 files_sent=summary.files_uploaded,
                 bytes_received=summary.bytes_downloaded,

@@ -52,7 +52,9 @@ def test_ancestor_example_on_two_hosts(cluster4: Cluster, tmp_path: Path) -> Non
 
     # Results are never overwritten: a rerun skips every job with the ancestor's warning.
     again = run_batch(tmp_path, "batch_script.sh", *machines(cluster4, 2))
-    assert again.returncode == 0, again.stderr
+    # ... and the earlier failures, now skipped, still fail the run (a CI loop must not pass).
+    assert again.returncode == 1, again.stderr
+    assert "skipped: batch_script.sh.2, batch_script.sh.4; rerun with --retry-failed" in again.stderr
     assert again.stdout.count("WARNING: job results already exists for line") == 4
     assert (results / "batch_script.sh.3.out").read_text().startswith("another job")
 

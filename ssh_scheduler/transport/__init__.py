@@ -131,6 +131,9 @@ class SSHTransport:
         self.machine = machine
         self.conn = conn
         self._tunnels = list(tunnels)
+        # asyncssh forgets the ProxyCommand's tunnel when the connection closes: keep it to wait
+        # for the command's exit in close().
+        self._proxy = getattr(conn, "_tunnel", None) if machine.proxy_command else None
         self.bytes_sent = 0
         self.bytes_received = 0
         # The agent and SFTP hold a channel each for the whole batch; plain commands share the
@@ -411,6 +414,11 @@ class SSHTransport:
         self.conn.close()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.conn.wait_closed(), 2)
+        # A ProxyCommand runs as our child: wait for it to exit (asyncssh closes its pipes but
+        # does not wait), so no process is left unreaped behind a closed connection.
+        if self._proxy is not None and hasattr(self._proxy, "wait_closed"):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._proxy.wait_closed(), 2)
         for tunnel in reversed(self._tunnels):
             tunnel.close()
 

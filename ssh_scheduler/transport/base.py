@@ -37,7 +37,7 @@ LEGACY_KEY = "legacy_algorithms"
 
 def printable(text: object, limit: int = 300) -> str:
     """Text from a host, safe for a one-line message: control characters escaped, cut if long."""
-    shown = text if isinstance(text, str) else str(text)
+    shown = text if isinstance(text, str) else "" if text is None else str(text)
     if not shown.isprintable():
         shown = repr(shown)[1:-1]
     return shown if len(shown) <= limit else shown[: limit - 3] + "..."

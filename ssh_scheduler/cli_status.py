@@ -1,0 +1,113 @@
+"""``ssh-scheduler status`` / ``jobs`` (read the journal) and ``pause`` / ``resume`` /
+``cancel`` (ask the running coordinator over its control socket)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from .control import ControlError, send_request
+from .errors import SchedulerError
+from .journal import JOURNAL_NAME, read_journal
+from .status import fold_journal, joblog_lines, status_json, status_lines
+
+ResultsArg = Annotated[Path, typer.Argument(help="the batch's results folder")]
+ResultsOpt = Annotated[Path, typer.Option("--results-dir", help="the batch's results folder")]
+
+
+def _echo(line: str) -> None:
+    typer.echo(line)
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+def _journal(results_dir: Path) -> list[dict[str, Any]]:
+    if not (results_dir / JOURNAL_NAME).is_file():
+        raise _fail(f"{results_dir} holds no batch journal ({JOURNAL_NAME}); pass the results folder of a batch")
+    return read_journal(results_dir)
+
+
+def status(
+    results_dir: ResultsArg = Path("job_results"),
+    json_output: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
+) -> None:
+    """Counts, running jobs with their host and GPUs, and failures of a batch (running or not)."""
+    batch = fold_journal(_journal(results_dir))
+    try:
+        coordinator: dict[str, Any] | None = send_request(results_dir, {"command": "status"})
+    except ControlError:
+        coordinator = None
+    if json_output:
+        _echo(json.dumps(status_json(batch, results_dir, coordinator)))
+        return
+    for line in status_lines(batch, results_dir, coordinator, time.time()):
+        _echo(line)
+
+
+def jobs(results_dir: ResultsArg = Path("job_results")) -> None:
+    """Every ended job as GNU parallel's --joblog (TSV)."""
+    for line in joblog_lines(fold_journal(_journal(results_dir))):
+        _echo(line)
+
+
+def _ask(results_dir: Path, request: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return send_request(results_dir, request)
+    except SchedulerError as exc:
+        raise _fail(str(exc), exc.exit_code) from None
+
+
+def pause(results_dir: ResultsOpt = Path("job_results")) -> None:
+    """Start no new job in the running batch until `resume`; running jobs go on."""
+    reply = _ask(results_dir, {"command": "pause"})
+    _echo(f"paused ({len(reply['running'])} jobs still running)")
+
+
+def resume(results_dir: ResultsOpt = Path("job_results")) -> None:
+    """Let the running batch start jobs again."""
+    _ask(results_dir, {"command": "resume"})
+    _echo("resumed")
+
+
+def cancel(
+    job_names: Annotated[list[str], typer.Argument(help="jobs to kill (running) or drop (waiting)", metavar="JOB...")],
+    results_dir: ResultsOpt = Path("job_results"),
+) -> None:
+    """Kill the named jobs of the running batch (or take them out of its queue)."""
+    _ask(results_dir, {"command": "cancel", "jobs": job_names})
+    _echo(f"cancelled: {' '.join(job_names)}")
+
+
+def doctor(
+    machines: Annotated[list[str], typer.Option("--machines", help="machine YAML files, ~/.ssh/config aliases or ranges")],
+    accept_new: Annotated[bool, typer.Option("--accept-new", help="trust and record unknown host keys")] = False,
+    json_output: Annotated[bool, typer.Option("--json", help="one JSON list, an object per host")] = False,
+) -> None:
+    """Check every host at once; exit 0 only when all pass."""
+    import asyncio
+
+    from .config import load_machines
+    from .doctor import check_hosts, report_json, report_lines
+
+    try:
+        hosts = load_machines(machines)
+    except SchedulerError as exc:
+        raise _fail(str(exc), exc.exit_code) from None
+    reports = asyncio.run(check_hosts(hosts, accept_new=accept_new))
+    if json_output:
+        _echo(json.dumps(report_json(reports)))
+    else:
+        for line in report_lines(reports):
+            _echo(line)
+    raise typer.Exit(0 if all(r.ok for r in reports) else 1)
+
+
+COMMANDS: dict[str, Callable[..., None]] = {"doctor": doctor, "status": status, "jobs": jobs, "pause": pause, "resume": resume, "cancel": cancel}

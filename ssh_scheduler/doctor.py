@@ -1,0 +1,192 @@
+"""``ssh-scheduler doctor``: check every host at once before a batch, and say how to fix what
+fails: reachable, host key known, login works, the remote shell and ``python3``, free disk in the
+work root, CPU and memory, GPUs with driver and CUDA versions, round-trip latency.
+
+:func:`parse_report` (the remote check script's output -> facts and problems) is pure; the rest
+connects, through the same transport as every other command.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .config import Machine
+from .errors import AuthenticationError, HostKeyError, HostUnreachableError, TransportError
+from .machine_env import with_setup
+from .transport import connect
+
+__all__ = ["HostReport", "check_hosts", "parse_report", "report_lines"]
+
+MIN_FREE_DISK_MB = 1024
+"""Below this the copy forward of a typical project (and its results) is likely to fail."""
+
+_SCRIPT = r"""
+echo "shell=$(ps -p $$ -o comm= 2>/dev/null || echo sh)"
+if out=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>&1); then echo "python=$out"
+else echo "python_error=$(echo "$out" | head -n 1)"; fi
+root={root}
+mkdir -p "$root" 2>/dev/null
+echo "disk_free_kb=$(df -Pk "$root" 2>/dev/null | awk 'NR==2 {{print $4}}')"
+echo "cpus=$(nproc 2>/dev/null)"
+awk '/^MemAvailable:/ {{print "mem_free_kb=" $2}}' /proc/meminfo 2>/dev/null
+if command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader,nounits 2>&1 | sed 's/^/gpu=/'
+  nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9.]*\).*/cuda=\1/p'
+fi
+"""
+
+
+def check_script(workdir: str, setup: tuple[str, ...] = ()) -> str:
+    """The remote check, for ``sh``; a ``~`` work root is the remote home.  The machine's
+    ``setup:`` runs as before a job (bash, not interactive) and its failure is reported."""
+    root = '"$HOME"' + shlex.quote(workdir[1:]) if workdir.startswith("~") else shlex.quote(workdir)
+    script = _SCRIPT.format(root=root)
+    if setup:
+        recipe = shlex.quote(with_setup("true", setup))
+        script += (
+            f'if out=$(bash -c {recipe} 2>&1 </dev/null); then echo setup=ok; '
+            'else echo "setup_error=$(echo "$out" | tail -n 2 | tr "\\n" " ")"; fi\n'
+        )
+    return "sh -c " + shlex.quote(script)
+
+
+@dataclass(slots=True)
+class HostReport:
+    host: str
+    reachable: bool = False
+    host_key: bool = False
+    login: bool = False
+    shell: str = ""
+    python: str = ""
+    disk_free_mb: int | None = None
+    cpus: int | None = None
+    memory_free_mb: int | None = None
+    gpus: list[str] = field(default_factory=list)
+    cuda: str = ""
+    latency_ms: float | None = None
+    setup: str = ""
+    """``ok``, ``failed`` or empty (the machine has no ``setup:``)."""
+    problems: list[str] = field(default_factory=list)
+    """Each: what is wrong, then ``; fix: ...``."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _int(value: str) -> int | None:
+    return int(value) if value.strip().isdigit() else None
+
+
+def parse_report(report: HostReport, text: str) -> None:
+    """Fill ``report`` from the check script's output and add what is wrong, with its fix."""
+    python_error = ""
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        match key:
+            case "shell":
+                report.shell = value.strip()
+            case "python":
+                report.python = value.strip()
+            case "python_error":
+                python_error = value.strip() or "python3 failed"
+            case "disk_free_kb":
+                kb = _int(value)
+                report.disk_free_mb = kb // 1024 if kb is not None else None
+            case "cpus":
+                report.cpus = _int(value)
+            case "mem_free_kb":
+                kb = _int(value)
+                report.memory_free_mb = kb // 1024 if kb is not None else None
+            case "gpu":
+                report.gpus.append(value.strip())
+            case "cuda":
+                report.cuda = value.strip()
+            case "setup":
+                report.setup = "ok"
+            case "setup_error":
+                report.setup = "failed"
+                report.problems.append(
+                    f"setup failed: {value.strip()}; fix: correct the machine's setup: lines "
+                    "(they run in a non-interactive bash before every job)"
+                )
+    if not report.python:
+        report.problems.append(
+            f"python3 does not run ({python_error or 'no answer'}); fix: install it (Debian/Ubuntu: "
+            "apt install python3), the agent that runs the jobs needs it"
+        )
+    if report.disk_free_mb is None:
+        report.problems.append("cannot read free disk in the work root; fix: check the machine's workdir")
+    elif report.disk_free_mb < MIN_FREE_DISK_MB:
+        report.problems.append(
+            f"only {report.disk_free_mb} MB free in the work root; fix: free space or set workdir to a bigger disk"
+        )
+    if any("failed" in gpu.lower() or "error" in gpu.lower() for gpu in report.gpus):
+        report.problems.append(f"nvidia-smi fails ({report.gpus[0]}); fix: check the NVIDIA driver")
+
+
+async def check_host(machine: Machine, *, accept_new: bool = False) -> HostReport:
+    report = HostReport(machine.name)
+    try:
+        transport = await connect(machine, accept_new=accept_new)
+    except HostKeyError as exc:
+        report.reachable = True
+        report.problems.append(f"{exc}")
+        return report
+    except AuthenticationError as exc:
+        report.reachable = report.host_key = True
+        report.problems.append(f"login failed: {exc}; fix: check username and ssh_key_path, or ssh-copy-id")
+        return report
+    except (HostUnreachableError, TransportError) as exc:
+        report.problems.append(f"unreachable: {exc}; fix: check ip, port and that sshd runs there")
+        return report
+    report.reachable = report.host_key = report.login = True
+    try:
+        began = time.monotonic()
+        await transport.exec("true")
+        report.latency_ms = round((time.monotonic() - began) * 1000, 1)
+        result = await transport.exec(check_script(machine.workdir, machine.setup))
+        parse_report(report, result.stdout.decode(errors="replace"))
+    except TransportError as exc:
+        report.problems.append(f"the checks did not finish: {exc}")
+    finally:
+        await transport.close()
+    return report
+
+
+async def check_hosts(machines: list[Machine], *, accept_new: bool = False) -> list[HostReport]:
+    """Every host at once; one report each, in the order given."""
+    return list(await asyncio.gather(*(check_host(m, accept_new=accept_new) for m in machines)))
+
+
+def _mark(value: bool) -> str:
+    return "yes" if value else "NO"
+
+
+def report_lines(reports: list[HostReport]) -> list[str]:
+    """One table row per host, then each problem with its fix."""
+    rows = [("host", "reachable", "key", "login", "python3", "disk free", "cpus", "mem free", "GPUs", "CUDA", "setup", "latency")]
+    for r in reports:
+        rows.append((
+            r.host, _mark(r.reachable), _mark(r.host_key), _mark(r.login), r.python or ("-" if not r.login else "NO"),
+            f"{r.disk_free_mb} MB" if r.disk_free_mb is not None else "-",
+            str(r.cpus) if r.cpus is not None else "-",
+            f"{r.memory_free_mb} MB" if r.memory_free_mb is not None else "-",
+            str(len(r.gpus)) if r.login else "-",
+            r.cuda or "-",
+            r.setup or "-",
+            f"{r.latency_ms:g} ms" if r.latency_ms is not None else "-",
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    for r in reports:
+        lines.extend(f"{r.host}: {problem}" for problem in r.problems)
+    return lines
+
+
+def report_json(reports: list[HostReport]) -> list[dict[str, Any]]:
+    return [{**asdict(r), "ok": r.ok} for r in reports]
