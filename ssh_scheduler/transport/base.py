@@ -9,7 +9,7 @@ import functools
 import hashlib
 import shlex
 import zlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -99,13 +99,24 @@ class Stream(Protocol):
     async def readline(self) -> bytes: ...
 
 
+ExitDetails = Callable[[], Awaitable[tuple[int | None, str]]]
+"""After the agent's stdout ended: its exit status (None: unknown) and the end of its stderr."""
+
+
+async def _no_details() -> tuple[int | None, str]:
+    return None, ""
+
+
 class AgentProcess:
     """A running agent: line-oriented JSON in, line-oriented JSON out."""
 
-    def __init__(self, stdin: Any, stdout: Stream, closer: Callable[[], Any]) -> None:
+    def __init__(
+        self, stdin: Any, stdout: Stream, closer: Callable[[], Any], exit_details: ExitDetails = _no_details
+    ) -> None:
         self.stdin = stdin
         self.stdout = stdout
         self._closer = closer
+        self.exit_details = exit_details
 
     def write(self, data: bytes) -> None:
         self.stdin.write(data)

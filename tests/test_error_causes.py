@@ -1,0 +1,123 @@
+"""Errors that name the cause, through the real CLI on the SSH test cluster: a host that is
+reached but cannot run our agent (no python3 on the login PATH, a read-only home) says what
+failed there and the fix, not "no host could be reached"; and every command runs user commands
+with the same shell (bash without ~/.bashrc), whatever the login shell."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.cluster import Cluster
+from tests.test_view_cluster import NO_GPU, cli, machine_variant
+
+pytestmark = pytest.mark.namespaces  # per-host homes and mounts: the namespaced cluster
+
+NO_PYTHON = (
+    "python3 was not found on the host (bash: line 1: exec: python3: not found); fix: install "
+    "python3 (Debian/Ubuntu: apt install python3) or put it on the PATH of non-interactive ssh logins"
+)
+
+
+def read_only_home(cluster: Cluster, index: int) -> str:
+    """Make host ``index``'s home a read-only mount (inside the host only); return the message
+    the user must see."""
+    host = cluster.hosts[index]
+    host.run(f"mount --bind {host.home} {host.home} && mount -o remount,bind,ro {host.home}", check=True)
+    probe = host.run("touch ~/x", user=host.user)
+    assert probe.returncode != 0 and "Read-only file system" in probe.stderr  # the fault is real
+    return (
+        f"{host.name}: cannot create the work root ~/.ssh_scheduler ({host.home}/.ssh_scheduler): "
+        "Read-only file system; fix: set workdir: in the machine YAML to a folder this user can write"
+    )
+
+
+def no_python_on_path(cluster: Cluster, index: int) -> None:
+    """The host's login shell (bash, which reads ~/.bashrc over ssh) gets a PATH without python3."""
+    host = cluster.hosts[index]
+    (host.home / ".bashrc").write_text("PATH=/nonexistent\n")
+    probe = subprocess.run(host.ssh_argv("command -v python3 || echo missing"), capture_output=True, text=True, timeout=30)
+    assert probe.stdout.strip() == "missing"  # the fault is real: that login has no python3
+
+
+def test_hosts_reached_but_unusable_say_why_and_the_fix(make_cluster: Callable[..., Cluster], tmp_path: Path) -> None:
+    cluster = make_cluster(3)
+    read_only = read_only_home(cluster, 0)
+    no_python_on_path(cluster, 1)
+    (tmp_path / "b.sh").write_text("echo hi\n")
+    bad = [str(p) for p in cluster.machine_files[:2]]
+
+    done = cli(tmp_path, "execute_batch", "b.sh", "--machines", *bad, *NO_GPU)
+    assert done.returncode == 255 and done.stdout == "" and "Traceback" not in done.stderr
+    h2 = cluster.hosts[1].name
+    *warnings, error = done.stderr.splitlines()
+    assert sorted(warnings) == sorted([f"warning: {read_only}", f"warning: {h2}: {NO_PYTHON}"]), done.stderr
+    assert error in (  # the hosts in the order their answers came
+        f"error: no host could be used, nothing was run: {read_only}; {h2}: {NO_PYTHON}",
+        f"error: no host could be used, nothing was run: {h2}: {NO_PYTHON}; {read_only}",
+    )
+    assert "reached" not in done.stderr and "agent exited" not in done.stderr
+    assert not (cluster.hosts[0].home / ".ssh_scheduler").exists()
+
+    # Nothing lost: with a good host beside them the batch runs there, the others named.
+    done = cli(tmp_path, "execute_batch", "b.sh", "--machines", *bad, str(cluster.machine_files[2]), *NO_GPU, "--results-dir", "r2")
+    assert done.returncode == 0, done.stderr
+    assert f"warning: {read_only}" in done.stderr.splitlines()
+    assert (tmp_path / "r2" / "b.sh.1.out").read_text() == "hi\n"
+
+    # The fix the message gives works: a writable workdir on the read-only-home host.
+    fixed = machine_variant(cluster, 0, tmp_path / "fixed.yaml", workdir="/tmp/sshs-work")
+    done = cli(tmp_path, "execute_batch", "b.sh", "--machines", str(fixed), *NO_GPU, "--results-dir", "r3")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "r3" / "b.sh.1.out").read_text() == "hi\n"
+
+
+def test_a_workdir_nobody_may_create_is_named_with_its_error(cluster4: Cluster, tmp_path: Path) -> None:
+    host = cluster4.hosts[0]
+    locked = host.dir / "locked"  # root's, 0555: the host's user may not create anything in it
+    locked.mkdir(mode=0o555, exist_ok=True)
+    bad = machine_variant(cluster4, 0, tmp_path / "bad.yaml", workdir=f"{locked}/work")
+    (tmp_path / "b.sh").write_text("echo hi\n")
+    done = cli(tmp_path, "execute_batch", "b.sh", "--machines", str(bad), *NO_GPU)
+    cause = (
+        f"{host.name}: cannot create the work root {locked}/work: Permission denied; fix: set workdir: "
+        "in the machine YAML to a folder this user can write"
+    )
+    assert (done.returncode, done.stderr.splitlines()) == (255, [
+        f"warning: {cause}", f"error: no host could be used, nothing was run: {cause}",
+    ])
+    assert not (locked / "work").exists()
+
+
+BASHRC = 'echo "bashrc says hi"\necho "bashrc on stderr" >&2\n'
+BASH_ONLY = '[[ "$BASH_VERSION" == [0-9]* ]] && echo "bash ok"'
+
+
+def test_one_shell_for_every_command_and_a_printing_bashrc_prints_once(
+    make_cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
+    cluster = make_cluster(2)
+    h1, h2 = cluster.hosts
+    for host in cluster.hosts:
+        (host.home / ".bashrc").write_text(BASHRC)
+    # h2 logs in with dash: the command must still run under bash ([[ fails under dash).
+    subprocess.run(["usermod", "-s", "/bin/sh", h2.user], check=True, capture_output=True, timeout=30)
+    login = subprocess.run(h2.ssh_argv('[ -z "$BASH_VERSION" ] && echo dash'), capture_output=True, text=True, timeout=30)
+    assert login.stdout.strip() == "dash"  # the fault is real: that login shell is not bash
+    files = [str(p) for p in cluster.machine_files]
+
+    done = cli(tmp_path, "execute_to", BASH_ONLY, "--machines", *files)
+    assert done.returncode == 0, done.stderr
+    # h1's login shell (bash, as sshd starts it) reads ~/.bashrc once; the command's shell does not.
+    assert sorted(done.stdout.splitlines()) == sorted([f"{h1.name}: bashrc says hi", f"{h1.name}: bash ok", f"{h2.name}: bash ok"])
+    assert sorted(done.stderr.splitlines()) == sorted([f"{h1.name}: bashrc on stderr", "exit 0: h[1-2]"])
+
+    (tmp_path / "b.sh").write_text(BASH_ONLY + "\n" + BASH_ONLY + "\n")
+    done = cli(tmp_path, "execute_batch", "b.sh", "--machines", *files, *NO_GPU)
+    assert done.returncode == 0, done.stderr
+    for job in ("b.sh.1", "b.sh.2"):  # the job's output is the job's, not ~/.bashrc's
+        assert (tmp_path / "job_results" / f"{job}.out").read_text() == "bash ok\n"
+        assert (tmp_path / "job_results" / f"{job}.err").read_text() == ""
