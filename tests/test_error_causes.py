@@ -11,10 +11,16 @@ from pathlib import Path
 
 import pytest
 
+from ssh_scheduler.machine_yaml import (
+    DEFAULT_MAX_SESSIONS,
+    DEFAULT_PORT,
+    DEFAULT_WORKDIR,
+    MACHINE_KEYS,
+)
 from tests.cluster import Cluster
 from tests.test_view_cluster import NO_GPU, cli, machine_variant
 
-pytestmark = pytest.mark.namespaces  # per-host homes and mounts: the namespaced cluster
+REPO = Path(__file__).resolve().parents[1]
 
 NO_PYTHON = (
     "python3 was not found on the host (bash: line 1: exec: python3: not found); fix: install "
@@ -43,6 +49,7 @@ def no_python_on_path(cluster: Cluster, index: int) -> None:
     assert probe.stdout.strip() == "missing"  # the fault is real: that login has no python3
 
 
+@pytest.mark.namespaces  # per-host homes and mounts: the namespaced cluster
 def test_hosts_reached_but_unusable_say_why_and_the_fix(make_cluster: Callable[..., Cluster], tmp_path: Path) -> None:
     cluster = make_cluster(3)
     read_only = read_only_home(cluster, 0)
@@ -75,6 +82,7 @@ def test_hosts_reached_but_unusable_say_why_and_the_fix(make_cluster: Callable[.
     assert (tmp_path / "r3" / "b.sh.1.out").read_text() == "hi\n"
 
 
+@pytest.mark.namespaces
 def test_a_workdir_nobody_may_create_is_named_with_its_error(cluster4: Cluster, tmp_path: Path) -> None:
     host = cluster4.hosts[0]
     locked = host.dir / "locked"  # root's, 0555: the host's user may not create anything in it
@@ -96,6 +104,7 @@ BASHRC = 'echo "bashrc says hi"\necho "bashrc on stderr" >&2\n'
 BASH_ONLY = '[[ "$BASH_VERSION" == [0-9]* ]] && echo "bash ok"'
 
 
+@pytest.mark.namespaces
 def test_one_shell_for_every_command_and_a_printing_bashrc_prints_once(
     make_cluster: Callable[..., Cluster], tmp_path: Path
 ) -> None:
@@ -121,3 +130,16 @@ def test_one_shell_for_every_command_and_a_printing_bashrc_prints_once(
     for job in ("b.sh.1", "b.sh.2"):  # the job's output is the job's, not ~/.bashrc's
         assert (tmp_path / "job_results" / f"{job}.out").read_text() == "bash ok\n"
         assert (tmp_path / "job_results" / f"{job}.err").read_text() == ""
+
+
+def test_readme_lists_every_machine_key_with_its_default_and_a_route_that_installs_on_debian() -> None:
+    readme = (REPO / "README.md").read_text()
+    table = readme.split("| key | meaning | default |", 1)[1].split("\n\n", 1)[0]
+    rows = {line.split("|")[1].strip(" `"): line.split("|")[3].strip() for line in table.splitlines()[2:]}
+    assert sorted(rows) == sorted(MACHINE_KEYS)
+    assert (rows["port"], rows["workdir"], rows["max_sessions"]) == (f"`{DEFAULT_PORT}`", f"`{DEFAULT_WORKDIR}`", f"`{DEFAULT_MAX_SESSIONS}`")
+    assert all(rows.values())  # every key has a default (or says it is required / none)
+    # The install route that works on an externally managed system Python, and the example's venv.
+    assert "python3 -m venv ~/.venvs/ssh-scheduler && ~/.venvs/ssh-scheduler/bin/pip install -e ." in readme
+    assert "pipx install -e ." in readme
+    assert ".venv/bin/execute_batch" in readme and "`source .venv/bin/activate`" in readme
