@@ -5,10 +5,12 @@ with the same shell (bash without ~/.bashrc), whatever the login shell."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+import asyncssh
 import pytest
 
 from ssh_scheduler.machine_yaml import (
@@ -17,7 +19,7 @@ from ssh_scheduler.machine_yaml import (
     DEFAULT_WORKDIR,
     MACHINE_KEYS,
 )
-from tests.cluster import Cluster
+from tests.cluster import Cluster, HostSpec
 from tests.test_view_cluster import NO_GPU, cli, machine_variant
 
 REPO = Path(__file__).resolve().parents[1]
@@ -143,3 +145,49 @@ def test_readme_lists_every_machine_key_with_its_default_and_a_route_that_instal
     assert "python3 -m venv ~/.venvs/ssh-scheduler && ~/.venvs/ssh-scheduler/bin/pip install -e ." in readme
     assert "pipx install -e ." in readme
     assert ".venv/bin/execute_batch" in readme and "`source .venv/bin/activate`" in readme
+
+
+async def second_session_refused(cluster: Cluster) -> bool:
+    host = cluster.hosts[0]
+    async with asyncssh.connect(
+        host.ip, port=host.port, username=host.user, client_keys=[str(cluster.key_path)], known_hosts=str(cluster.known_hosts)
+    ) as conn:
+        first = await conn.create_process("sleep 30")
+        try:
+            await conn.create_process("sleep 30")
+        except asyncssh.ChannelOpenError:
+            return True
+        finally:
+            first.close()
+        return False
+
+
+@pytest.mark.namespaces
+def test_a_host_allowing_one_session_is_refused_with_the_fix(make_cluster: Callable[..., Cluster], tmp_path: Path) -> None:
+    cluster = make_cluster([HostSpec(max_sessions=1)])
+    host = cluster.hosts[0]
+    (tmp_path / "b.sh").write_text("echo hi\n")
+    assert "MaxSessions 1\n" in (host.dir / "sshd_config").read_text()
+    assert asyncio.run(second_session_refused(cluster))  # the fault is real
+
+    done = cli(tmp_path, "execute_batch", "b.sh", "--machines", str(cluster.machine_files[0]), *NO_GPU)
+    cause = (
+        f"{host.name}: sshd refused a second session on the connection (open failed; is its MaxSessions 1?): "
+        "ssh_scheduler needs 2 per host, one for its agent and one for file transfers; fix: set MaxSessions 2 "
+        "or more in the host's sshd_config (the default is 10)"
+    )
+    assert (done.returncode, done.stdout, done.stderr.splitlines()) == (255, "", [
+        f"warning: {cause}", f"error: no host could be used, nothing was run: {cause}",
+    ])
+
+    # max_sessions: 1 in the machine YAML: refused before connecting, in one line.
+    one = machine_variant(cluster, 0, tmp_path / "one.yaml", max_sessions="1")
+    done = cli(tmp_path, "execute_batch", "b.sh", "--machines", str(one), *NO_GPU, "--results-dir", "r2")
+    assert done.returncode != 0 and done.stdout == ""
+    assert done.stderr.splitlines() == [
+        f"error: {host.name}: max_sessions is 1, but a batch needs 2 ssh sessions per host (its agent and file "
+        "transfers); fix: set MaxSessions 2 or more in the host's sshd_config and max_sessions: 2 or more in the machine YAML"
+    ]
+    # execute_to needs one session per host: it works there.
+    done = cli(tmp_path, "execute_to", "echo hi", "--machines", str(one))
+    assert (done.returncode, done.stdout) == (0, f"{host.name}: hi\n"), done.stderr

@@ -25,6 +25,7 @@ from typing import Any
 
 from ..config import Machine
 from ..errors import (
+    AgentStartError,
     AuthenticationError,
     ConnectionLostError,
     HostKeyError,
@@ -320,6 +321,25 @@ class SSHTransport:
             return proc.exit_status, stderr_tail.decode("utf-8", "replace")
 
         return AgentProcess(proc.stdin, _BoundedLines(proc.stdout), closer, exit_details)
+
+    async def open_file_channel(self) -> None:
+        """The SFTP channel, beside the agent's: an sshd with ``MaxSessions 1`` refuses it, and
+        we cannot work there (the agent and file transfers each need a session)."""
+        import asyncssh
+
+        try:
+            async with self._sftp_lock:
+                if self._sftp is None:
+                    self._sftp = await self.conn.start_sftp_client()
+        except asyncssh.ChannelOpenError as exc:
+            raise AgentStartError(
+                f"{self.machine.name}: sshd refused a second session on the connection "
+                f"({printable(exc.reason)}; is its MaxSessions 1?): ssh_scheduler needs 2 per "
+                f"host, one for its agent and one for file transfers; fix: set MaxSessions 2 or "
+                f"more in the host's sshd_config (the default is 10)"
+            ) from None
+        except (asyncssh.Error, OSError) as exc:
+            raise ConnectionLostError(f"{describe(self.machine)}: cannot start SFTP: {exc}") from None
 
     async def sftp(self) -> Any:
         async with self._sftp_lock:
