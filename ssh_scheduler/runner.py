@@ -101,6 +101,7 @@ class HostSession:
         self._outbox: list[bytes] = []
         self.lost: str | None = None
         self._refusal = ""  # why the agent refused to start, in its own words
+        self._agent_ended = False  # its output ended (not: the link broke, it spoke nonsense)
 
     @property
     def name(self) -> str:
@@ -116,7 +117,7 @@ class HostSession:
         try:
             hello = await self._call(P.Hello(lease=self.lease), P.HelloReply, timeout=30)
         except ConnectionLostError:
-            if self._read_events_done():  # the agent ended before its hello: say why
+            if self._agent_ended:  # the agent ended before its hello: say why
                 status, stderr = await self.agent.exit_details()
                 cause = agent_start_cause(status, stderr, self._refusal, self.machine.workdir)
                 raise AgentStartError(f"{self.name}: {cause}") from None
@@ -132,9 +133,6 @@ class HostSession:
         self.agent_jobs = {name: {"running": s.running, "code": s.code} for name, s in hello.jobs.items()}
         self._tasks.append(asyncio.create_task(self._renew_lease()))
         return self
-
-    def _read_events_done(self) -> bool:
-        return bool(self._tasks) and self._tasks[0].done()
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
@@ -216,6 +214,7 @@ class HostSession:
             while True:
                 line = await self.agent.readline()
                 if not line:
+                    self._agent_ended = True
                     break
                 if not line.startswith(b"{"):
                     # e.g. "python3: command not found" from the login shell
