@@ -6,6 +6,7 @@ with the same shell (bash without ~/.bashrc), whatever the login shell."""
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import asyncssh
 import pytest
 
+from ssh_scheduler.fleet import killable
 from ssh_scheduler.machine_yaml import (
     DEFAULT_MAX_SESSIONS,
     DEFAULT_PORT,
@@ -20,6 +22,7 @@ from ssh_scheduler.machine_yaml import (
     MACHINE_KEYS,
 )
 from tests.cluster import Cluster, HostSpec
+from tests.test_fleet_unit import finish, start_killable
 from tests.test_view_cluster import NO_GPU, cli, machine_variant
 
 REPO = Path(__file__).resolve().parents[1]
@@ -191,3 +194,11 @@ def test_a_host_allowing_one_session_is_refused_with_the_fix(make_cluster: Calla
     # execute_to needs one session per host: it works there.
     done = cli(tmp_path, "execute_to", "echo hi", "--machines", str(one))
     assert (done.returncode, done.stdout) == (0, f"{host.name}: hi\n"), done.stderr
+
+
+def test_execute_to_runs_bash_whatever_shell_parses_its_one_line() -> None:
+    line = killable(BASH_ONLY)
+    assert "\n" not in line and line.startswith("exec /bin/sh -c ")  # tcsh and fish parse it too
+    for path in (os.environ["PATH"], "/nonexistent"):  # with python3 (the watchdog), and without
+        with start_killable(BASH_ONLY, PATH=path, SHELL="/bin/dash") as proc:
+            assert finish(proc) == (0, b"bash ok\n", b""), path
