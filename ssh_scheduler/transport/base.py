@@ -86,9 +86,10 @@ def agent_bootstrap(python: str, root: str, token: str = "") -> str:
     """
     blob, key = _agent_blob()
     # -I -S: no site packages or PYTHON* variables to read, half the start-up time; the agent
-    # needs only the standard library.
+    # needs only the standard library.  The bootstrap travels as one line (a string literal
+    # with \n): tcsh and fish, as login shells, refuse a newline inside quotes.
     return (
-        f"exec {python} -u -I -S -c {shlex.quote(_BOOT)} {blob} {shlex.quote(root)} "
+        f"exec {python} -u -I -S -c {shlex.quote(f'exec({_BOOT!r})')} {blob} {shlex.quote(root)} "
         f"{shlex.quote(token)} {key}"
     )
 
