@@ -87,7 +87,10 @@ class Agent(object):
         self.closing = False
         self.idle = None
         self.tasks = set()
-        self.shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
+        # The one shell rule (execute_to's watchdog in fleet.py follows it too): bash, without
+        # ~/.bashrc (which Debian's bash reads when it sees SSH_CLIENT, printing into every job's
+        # output); /bin/sh only where bash is missing.  Environment comes from env:/setup:.
+        self.shell = ["/bin/bash", "--norc"] if os.path.exists("/bin/bash") else ["/bin/sh"]
         self.subreaper = None  # prctl's answer, asked at the first job (see hostguard)
         self.children = set()  # pids of our own children besides job shells (probes)
         # Children being started: their pid is not known to us until the spawn returns, and a
@@ -445,7 +448,7 @@ class Agent(object):
         self.spawning += 1
         try:
             transport, _ = await loop.subprocess_exec(
-                lambda: protocol, self.shell, "-c", req.cmd, cwd=req.cwd, env=env,
+                lambda: protocol, *self.shell, "-c", req.cmd, cwd=req.cwd, env=env,
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, start_new_session=True)
         except (OSError, subprocess.SubprocessError) as exc:
@@ -733,7 +736,13 @@ def main(root="~/.ssh_scheduler", token=""):
     try:
         if token and not G.TOKEN.match(token):
             raise G.Refused("batch token %r is not a plain name" % token[:80])
-        G.private_root(root_abs, (CACHE_DIR, JOBS_DIR, AGENTS_DIR))
+        try:
+            G.private_root(root_abs, (CACHE_DIR, JOBS_DIR, AGENTS_DIR))
+        except OSError as exc:  # a read-only home, a workdir nobody may create: say which and the fix
+            where = "" if exc.filename in (None, root_abs) else " (at %s)" % exc.filename
+            shown = root if root == root_abs else "%s (%s)" % (root, root_abs)
+            raise G.Refused("cannot create the work root %s: %s%s; fix: set workdir: in the machine "
+                            "YAML to a folder this user can write" % (shown, exc.strerror, where)) from None
         if "CODE" in globals():  # shipped by transport.agent_bootstrap
             G.keep_code(root_abs, *CODE)  # noqa: F821
         # The socket is named relative to its folder: no path length limit to work around.

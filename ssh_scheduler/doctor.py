@@ -48,7 +48,7 @@ def check_script(workdir: str, setup: tuple[str, ...] = ()) -> str:
     if setup:
         recipe = shlex.quote(with_setup("true", setup))
         script += (
-            f'if out=$(bash -c {recipe} 2>&1 </dev/null); then echo setup=ok; '
+            f'if out=$(bash --norc -c {recipe} 2>&1 </dev/null); then echo setup=ok; '
             'else echo "setup_error=$(echo "$out" | tail -n 2 | tr "\\n" " ")"; fi\n'
         )
     return "sh -c " + shlex.quote(script)

@@ -66,6 +66,11 @@ class ConnectionLostError(TransportError):
     """An established connection dropped."""
 
 
+class AgentStartError(ConnectionLostError):
+    """The host was reached and logged into, but our agent could not start there (no python3,
+    an unwritable work root...): the message names the cause and its fix."""
+
+
 class TransferError(SchedulerError):
     """A copy forward or back was refused or failed (unsafe name, limit exceeded, I/O error)."""
 

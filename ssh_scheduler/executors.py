@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from .allocate import OwnUsage
 from .config import Machine
-from .errors import ProbeError, TransportError
+from .errors import ConfigError, ProbeError, TransportError
 from .probe import PROBE_COMMAND, HostState, parse_probe_output
 from .runner import DEFAULT_LEASE, HostSession, JobExit
 from .transfer import CopyBackReport, CopyLimits, ForwardSet, HostCache, fetch_back, prepare_forward
@@ -194,12 +194,22 @@ async def open_executor(
     lease: float = DEFAULT_LEASE,
     token: str = "",
 ) -> AgentExecutor:
-    """Connect and start the agent; raises TransportError (HostKeyError, AuthenticationError...)."""
+    """Connect, start the agent and open the file channel; raises TransportError (HostKeyError,
+    AuthenticationError, AgentStartError...), or ConfigError for a machine we cannot work on."""
+    if machine.max_sessions < 2:  # refused before connecting: it could never work
+        raise ConfigError(
+            f"{machine.name}: max_sessions is {machine.max_sessions}, but a batch needs 2 ssh "
+            "sessions per host (its agent and file transfers); fix: set MaxSessions 2 or more in "
+            "the host's sshd_config and max_sessions: 2 or more in the machine YAML"
+        )
     transport = await connect(machine, accept_new=accept_new, keepalive=keepalive)
     session = HostSession(transport, lease=lease, token=token)
     try:
         await session.__aenter__()
+        await transport.open_file_channel()
     except BaseException:
+        with contextlib.suppress(Exception):
+            await session.close()
         with contextlib.suppress(Exception):
             await transport.close()
         raise

@@ -274,16 +274,19 @@ class _Capture:
 # --- running ---------------------------------------------------------------------------------
 
 # sshd leaves a command running when its channel closes (no pty: no SIGHUP), so closing the
-# channel on timeout or Ctrl-C would not stop it.  This wrapper runs the command with the login
-# shell in a session of its own, and kills that whole session (TERM, then KILL after
-# KILL_GRACE s) when its stdin, the channel, reaches end of file: the channel closed or the
-# connection dropped.  transport.exec never sends EOF on stdin, and the command itself gets
-# /dev/null as stdin (so it cannot hang waiting for input).  A host without python3 runs the
-# command plainly with /bin/sh.
+# channel on timeout or Ctrl-C would not stop it.  This wrapper runs the command in a session of
+# its own, and kills that whole session (TERM, then KILL after KILL_GRACE s) when its stdin, the
+# channel, reaches end of file: the channel closed or the connection dropped.  transport.exec
+# never sends EOF on stdin, and the command itself gets /dev/null as stdin (so it cannot hang
+# waiting for input).  A host without python3 runs the command plainly.
+# The command runs as execute_batch's jobs do (agent.py): ``bash --norc -c``, /bin/sh only where
+# bash is missing, whatever the login shell (tcsh, fish, dash as sh) -- the login shell only
+# parses the one POSIX line below, through ``exec /bin/sh -c``, and reads ~/.bashrc once.
 KILL_GRACE = 2.0
 _WATCHDOG = """\
 import os,signal,subprocess,sys,threading,time
-p=subprocess.Popen([os.environ.get('SHELL') or '/bin/sh','-c',sys.argv[1]],stdin=subprocess.DEVNULL,start_new_session=True)
+sh=['/bin/bash','--norc'] if os.path.exists('/bin/bash') else ['/bin/sh']
+p=subprocess.Popen(sh+['-c',sys.argv[1]],stdin=subprocess.DEVNULL,start_new_session=True)
 gone=threading.Event()
 def watch():
     try:
@@ -310,10 +313,13 @@ sys.exit(128-c if c<0 else c)
 def killable(command: str, grace: float = KILL_GRACE) -> str:
     """The remote command line that runs ``command`` under the watchdog above."""
     quoted = shlex.quote(command)
-    return (
-        f"command -v python3 >/dev/null 2>&1 && exec python3 -IS -c {shlex.quote(_WATCHDOG)} "
-        f"{quoted} {grace:g} || exec /bin/sh -c {quoted}"
+    # The watchdog as one line (a string literal with \\n), so no login shell sees a newline.
+    watchdog = shlex.quote(f"exec({_WATCHDOG!r})")
+    posix = (
+        f"command -v python3 >/dev/null 2>&1 && exec python3 -IS -c {watchdog} {quoted} {grace:g}; "
+        f"[ -x /bin/bash ] && exec /bin/bash --norc -c {quoted}; exec /bin/sh -c {quoted}"
     )
+    return f"exec /bin/sh -c {shlex.quote(posix)}"
 
 
 @dataclass(slots=True)

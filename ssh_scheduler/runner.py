@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from . import protocol as P
-from .errors import ConnectionLostError, TransportError
+from .errors import AgentStartError, ConnectionLostError, TransportError
 from .transport import AgentProcess, Transport, describe, printable
 
 DEFAULT_LEASE = 60.0
@@ -43,6 +43,26 @@ class _RunningJob:
     room: int | None = None  # bytes of output still accepted (None: no limit)
     limit: int | None = None
     done: asyncio.Future[JobExit] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+AGENT_REFUSED = "ssh_scheduler agent refused to start: "
+"""How agent.main's one line about a start it refused begins."""
+NO_PYTHON_FIX = "install python3 (Debian/Ubuntu: apt install python3) or put it on the PATH of non-interactive ssh logins"
+
+
+def agent_start_cause(status: int | None, stderr: str, refusal: str, workdir: str) -> str:
+    """Why an agent ended before its first answer, and the fix: from its refusal line, or else
+    its exit status and what the login shell or python3 wrote on stderr."""
+    if refusal:
+        return refusal
+    said = [line.strip() for line in stderr.splitlines() if line.strip()]
+    last = printable(said[-1], 200) if said else ""
+    if status == 127 or any("python3" in line and "not found" in line for line in said):
+        return f"python3 was not found on the host{f' ({last})' if last else ''}; fix: {NO_PYTHON_FIX}"
+    ended = f"the agent exited with status {status}" if status is not None else "the agent exited"
+    if last:
+        return f"{ended} before answering: {last}"
+    return f"{ended} before answering, saying nothing; is python3 on the host working? (workdir: {printable(workdir)})"
 
 
 def root_matches(root: str, workdir: str) -> bool:
@@ -80,6 +100,8 @@ class HostSession:
         self._write_lock = asyncio.Lock()
         self._outbox: list[bytes] = []
         self.lost: str | None = None
+        self._refusal = ""  # why the agent refused to start, in its own words
+        self._agent_ended = False  # its output ended (not: the link broke, it spoke nonsense)
 
     @property
     def name(self) -> str:
@@ -92,7 +114,14 @@ class HostSession:
     async def __aenter__(self) -> HostSession:
         self.agent = await self.transport.start_agent(self.token)
         self._tasks.append(asyncio.create_task(self._read_events()))
-        hello = await self._call(P.Hello(lease=self.lease), P.HelloReply, timeout=30)
+        try:
+            hello = await self._call(P.Hello(lease=self.lease), P.HelloReply, timeout=30)
+        except ConnectionLostError:
+            if self._agent_ended:  # the agent ended before its hello: say why
+                status, stderr = await self.agent.exit_details()
+                cause = agent_start_cause(status, stderr, self._refusal, self.machine.workdir)
+                raise AgentStartError(f"{self.name}: {cause}") from None
+            raise
         if not root_matches(hello.root, self.machine.workdir):
             await self.close(orderly=False)
             raise ConnectionLostError(
@@ -185,10 +214,14 @@ class HostSession:
             while True:
                 line = await self.agent.readline()
                 if not line:
+                    self._agent_ended = True
                     break
                 if not line.startswith(b"{"):
                     # e.g. "python3: command not found" from the login shell
-                    reason = line.decode("utf-8", "replace").strip()[:200]
+                    said = printable(line.decode("utf-8", "replace").strip(), 600)
+                    reason = said[:200]
+                    if said.startswith(AGENT_REFUSED):  # its cause and fix, in full
+                        self._refusal = said.removeprefix(AGENT_REFUSED)
                     continue
                 try:
                     self._dispatch(P.decode_answer(line))

@@ -26,6 +26,7 @@ from .batch_run import BatchOptions, BatchSummary, JobOutcome, select_jobs
 from .config import Machine
 from .control import ControlServer, batch_requests
 from .errors import (
+    AgentStartError,
     AuthenticationError,
     BatchError,
     HostKeyError,
@@ -185,6 +186,7 @@ class Batch:
         a configuration error before anything runs, an unreachable one is retried later."""
         assert self.planner is not None
         planner = self.planner
+        unusable: dict[str, str] = {}  # host -> why, for hosts reached whose agent did not start
 
         async def one(machine: Machine) -> None:
             try:
@@ -203,6 +205,8 @@ class Batch:
                     raise type(exc)(f"{machine.name}: {exc}") from None
                 raise
             except TransportError as exc:
+                if isinstance(exc, AgentStartError):
+                    unusable[machine.name] = str(exc)
                 self._perform(planner.host_unreachable(machine.name, str(exc)))
                 return
             await self._probe(machine.name)
@@ -214,6 +218,8 @@ class Batch:
                 self.bus.publish(Notice(level="error", message=str(exc)))
             raise fatal[0]
         if not self.executors and not self.options.dry_run:
+            if unusable:  # reached, but unusable: the causes, not "unreachable"
+                raise TransportError(f"no host could be used, nothing was run: {'; '.join(unusable.values())}")
             raise TransportError("no host could be reached; nothing was run")
 
     async def _probe(self, host: str) -> None:

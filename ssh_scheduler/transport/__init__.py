@@ -25,6 +25,7 @@ from typing import Any
 
 from ..config import Machine
 from ..errors import (
+    AgentStartError,
     AuthenticationError,
     ConnectionLostError,
     HostKeyError,
@@ -78,6 +79,8 @@ from .local import LocalTransport, _pump
 
 # Longest line the agent may send (a manifest of 10^5 long names fits); a host that sends an
 # endless line must not exhaust the coordinator's memory.
+STDERR_TAIL = 4096
+"""Bytes kept of the end of the agent's stderr."""
 MAX_AGENT_LINE = 1 << 26
 # A download that makes no progress for this long is abandoned (a FIFO on the host, a stuck
 # server): it must not hold up a whole batch.
@@ -291,13 +294,52 @@ class SSHTransport:
         cmd = agent_bootstrap(self.python, self.machine.workdir, token)
         proc = await self._with_retry(lambda: self.conn.create_process(cmd, encoding=None))
 
+        # The agent's stderr is drained (only its end kept): when the agent cannot start, what
+        # the login shell or python3 said there is the cause to show ("python3: not found").
+        stderr_tail = bytearray()
+
+        async def drain_stderr() -> None:
+            with contextlib.suppress(Exception):
+                while chunk := await proc.stderr.read(CHUNK):
+                    stderr_tail.extend(chunk)
+                    del stderr_tail[:-STDERR_TAIL]
+
+        drainer = asyncio.create_task(drain_stderr())
+
         async def closer() -> None:
             with contextlib.suppress(Exception):
                 proc.stdin.write_eof()
             with contextlib.suppress(Exception):
                 await proc.wait_closed()
+            drainer.cancel()
 
-        return AgentProcess(proc.stdin, _BoundedLines(proc.stdout), closer)
+        async def exit_details() -> tuple[int | None, str]:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(drainer), 5)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(proc.wait_closed(), 5)
+            return proc.exit_status, stderr_tail.decode("utf-8", "replace")
+
+        return AgentProcess(proc.stdin, _BoundedLines(proc.stdout), closer, exit_details)
+
+    async def open_file_channel(self) -> None:
+        """The SFTP channel, beside the agent's: an sshd with ``MaxSessions 1`` refuses it, and
+        we cannot work there (the agent and file transfers each need a session)."""
+        import asyncssh
+
+        try:
+            async with self._sftp_lock:
+                if self._sftp is None:
+                    self._sftp = await self.conn.start_sftp_client()
+        except asyncssh.ChannelOpenError as exc:
+            raise AgentStartError(
+                f"{self.machine.name}: sshd refused a second session on the connection "
+                f"({printable(exc.reason)}; is its MaxSessions 1?): ssh_scheduler needs 2 per "
+                f"host, one for its agent and one for file transfers; fix: set MaxSessions 2 or "
+                f"more in the host's sshd_config (the default is 10)"
+            ) from None
+        except (asyncssh.Error, OSError) as exc:
+            raise ConnectionLostError(f"{describe(self.machine)}: cannot start SFTP: {exc}") from None
 
     async def sftp(self) -> Any:
         async with self._sftp_lock:

@@ -9,7 +9,7 @@ import functools
 import hashlib
 import shlex
 import zlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -86,9 +86,10 @@ def agent_bootstrap(python: str, root: str, token: str = "") -> str:
     """
     blob, key = _agent_blob()
     # -I -S: no site packages or PYTHON* variables to read, half the start-up time; the agent
-    # needs only the standard library.
+    # needs only the standard library.  The bootstrap travels as one line (a string literal
+    # with \n): tcsh and fish, as login shells, refuse a newline inside quotes.
     return (
-        f"exec {python} -u -I -S -c {shlex.quote(_BOOT)} {blob} {shlex.quote(root)} "
+        f"exec {python} -u -I -S -c {shlex.quote(f'exec({_BOOT!r})')} {blob} {shlex.quote(root)} "
         f"{shlex.quote(token)} {key}"
     )
 
@@ -99,13 +100,24 @@ class Stream(Protocol):
     async def readline(self) -> bytes: ...
 
 
+ExitDetails = Callable[[], Awaitable[tuple[int | None, str]]]
+"""After the agent's stdout ended: its exit status (None: unknown) and the end of its stderr."""
+
+
+async def _no_details() -> tuple[int | None, str]:
+    return None, ""
+
+
 class AgentProcess:
     """A running agent: line-oriented JSON in, line-oriented JSON out."""
 
-    def __init__(self, stdin: Any, stdout: Stream, closer: Callable[[], Any]) -> None:
+    def __init__(
+        self, stdin: Any, stdout: Stream, closer: Callable[[], Any], exit_details: ExitDetails = _no_details
+    ) -> None:
         self.stdin = stdin
         self.stdout = stdout
         self._closer = closer
+        self.exit_details = exit_details
 
     def write(self, data: bytes) -> None:
         self.stdin.write(data)
@@ -139,6 +151,9 @@ class Transport(Protocol):
     bytes_received: int
 
     async def start_agent(self, token: str = "") -> AgentProcess: ...
+    async def open_file_channel(self) -> None:
+        """Open the channel file transfers use, now: a host that refuses it is unusable."""
+        ...
     async def upload(self, local: Path, remote: str, mode: int) -> int: ...
     async def download(self, remote: str, fd: int, limit: int) -> int: ...
     async def exec(

@@ -47,6 +47,9 @@ class LocalTransport:
 
         return AgentProcess(proc.stdin, proc.stdout, closer)  # type: ignore[arg-type]
 
+    async def open_file_channel(self) -> None:
+        """Plain file copies: no channel to open."""
+
     async def upload(self, local: Path, remote: str, mode: int) -> int:
         return await asyncio.to_thread(self._copy_in, local, remote, mode)
 
