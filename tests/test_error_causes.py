@@ -202,3 +202,21 @@ def test_execute_to_runs_bash_whatever_shell_parses_its_one_line() -> None:
     for path in (os.environ["PATH"], "/nonexistent"):  # with python3 (the watchdog), and without
         with start_killable(BASH_ONLY, PATH=path, SHELL="/bin/dash") as proc:
             assert finish(proc) == (0, b"bash ok\n", b""), path
+
+
+@pytest.mark.namespaces
+def test_doctor_names_a_host_without_python3_and_the_fix(make_cluster: Callable[..., Cluster], tmp_path: Path) -> None:
+    cluster = make_cluster(2)
+    no_python_on_path(cluster, 1)
+    good, bare = cluster.hosts
+    done = cli(tmp_path, "doctor", "--machines", *(str(p) for p in cluster.machine_files))
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    row = {line.split()[0]: line.split() for line in lines[1:3]}
+    assert row[good.name][1:4] == ["yes", "yes", "yes"] and row[good.name][4].startswith("3.")
+    assert row[bare.name][1:4] == ["yes", "yes", "yes"] and row[bare.name][4] == "NO"
+    problems = lines[3:]
+    # Only the bare host has problems (its PATH lacks the other tools too, e.g. df), and python3's
+    # is named first with its fix.
+    assert {p.split(":", 1)[0] for p in problems} == {bare.name}
+    assert "python3 does not run" in problems[0] and "apt install python3" in problems[0]
