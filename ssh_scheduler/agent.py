@@ -5,9 +5,11 @@ The coordinator and the agent speak newline-delimited JSON over the channel's st
 
 Why an agent instead of one SSH channel per job: a channel costs sshd a fork and a login shell,
 counts against ``MaxSessions`` and dies with the connection.  The agent costs one fork per job,
-starts each job in its own session/process group, tags it (``SSH_SCHEDULER_TAG`` in its
-environment) so that even descendants that escape the group can be found and killed, and keeps
-each job's output and exit status on the host as well as streaming them back.
+starts each job in its own session/process group, and keeps each job's output and exit status on
+the host as well as streaming them back.  It is a child subreaper (hostguard.py), so whatever a
+job starts (``setsid``, double forks, ``env -i``) stays below the agent and is found through its
+parent chain or its working folder and killed with the job; where ``prctl`` is missing, the
+process group and a tag in the environment (``SSH_SCHEDULER_TAG``) are what remain.
 
 Leases and reattachment (the model is HTCondor's job lease): the agent outlives its channel.
 When the coordinator goes quiet (its process killed, its connection cut) the jobs keep running
