@@ -5,11 +5,15 @@ separate processes."""
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
+import pty
+import select
 import signal
 import subprocess
 import sys
+import termios
 import threading
 import time
 from pathlib import Path
@@ -182,6 +186,11 @@ def test_detach_returns_while_jobs_run_and_attach_status_follow_it(tmp_path: Pat
     text = cli_run(tmp_path, "status").stdout
     assert f"running (pid {pid} on " in text and "detached: its log is job_results/.coordinator.log" in text
 
+    again = cli_run(tmp_path, "execute_batch", "b.sh", "--detach", *LOCAL)  # the folder is taken
+    assert again.returncode == 2 and again.stderr.startswith("error: job_results/ is in use by another run (pid ")
+    assert f"(pid {pid} on host" in again.stderr and len(again.stderr.splitlines()) == 1
+    assert "is in use" not in (results / LOG_NAME).read_text()  # the refused run never wrote the log
+
     first, second = Viewer(tmp_path), Viewer(tmp_path)
     for viewer in (first, second):
         viewer.until("started: b.sh.1;")  # caught up on what happened before it attached
@@ -275,3 +284,56 @@ def _wait_for_pid_file(tmp: Path) -> int:
             return int((tmp / "pid").read_text())
         time.sleep(0.1)
     raise AssertionError("the job never wrote its pid")
+
+
+def _read_until(master: int, wanted: bytes, limit: float = 60) -> bytes:
+    seen = b""
+    deadline = time.monotonic() + limit
+    while wanted not in seen and time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.5)
+        if ready:
+            try:
+                seen += os.read(master, 65536)
+            except OSError:  # EIO: the other side closed
+                break
+    return seen
+
+
+def _controlling_terminal() -> None:
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)  # after setsid: the pty on stdin becomes our terminal
+
+
+@pytest.mark.slow
+def test_the_batch_outlives_the_terminal_session_that_started_it(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    batch_dir(tmp_path, [f"while [ ! -e {gate} ]; do sleep 0.1; done; echo passed"])
+    command = " ".join([*CLI, "execute_batch", "b.sh", "--detach", *LOCAL]) + "; echo returned $?; exec sleep 300"
+    master, slave = pty.openpty()
+    shell = subprocess.Popen(
+        ["bash", "-c", command], cwd=tmp_path, env=env(tmp_path), stdin=slave, stdout=slave, stderr=slave,
+        start_new_session=True, preexec_fn=_controlling_terminal,
+    )
+    os.close(slave)
+    seen = _read_until(master, b"returned")
+    assert b"returned 0" in seen, seen
+    pid = coordinator_pid(tmp_path)
+    assert proc_stat(pid)[3] != str(shell.pid)  # not in the terminal's session
+    os.close(master)  # the SSH session ends: the terminal hangs up, its session gets SIGHUP
+    assert shell.wait(timeout=30) == -signal.SIGHUP
+    os.kill(pid, 0)  # the coordinator did not go with it
+    gate.touch()
+    assert gone(pid)
+    assert (tmp_path / "job_results" / "b.sh.1.out").read_text() == "passed\n"
+
+    # A finished batch in the live view: its lines above the drawing, its exit status.
+    master, slave = pty.openpty()
+    viewer = subprocess.Popen(
+        [*CLI, "attach", "--live"], cwd=tmp_path, env=dict(env(tmp_path), TERM="xterm-256color", COLUMNS="120"),
+        stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, start_new_session=True,
+    )
+    os.close(slave)
+    drawn = _read_until(master, b"done: 1 finished").decode(errors="replace")
+    os.close(master)
+    assert viewer.wait(timeout=30) == 0
+    assert "finished: b.sh.1; " in drawn and "done: 1 finished, 0 failed" in drawn
+    assert "1/1" in drawn  # the progress the live view draws from the replayed events
