@@ -96,27 +96,27 @@ def cancel(
         return
     reply = _ask(results_dir, {"command": "stop"})
     _echo(f"stopping the batch (pid {reply['pid']}): killing {len(reply['running'])} running jobs, cleaning its hosts")
-    if wait_for_exit(reply):
-        _echo("stopped")
+    _echo("stopped" if wait_for_exit(reply) else "still stopping; ssh-scheduler status shows when it has")
 
 
 def wait_for_exit(reply: dict[str, Any], limit: float = 120.0) -> bool:
-    """Wait until the coordinator that sent ``reply`` has ended (only seen on its own host)."""
+    """Wait until the coordinator that sent ``reply`` has ended (seen only on its own host)."""
     import os
     import socket
 
     if reply.get("host") != socket.gethostname():
         return False
     deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
+    while True:
         try:
             os.kill(int(reply["pid"]), 0)
         except ProcessLookupError:
             return True
         except PermissionError:
+            pass  # it exists
+        if time.monotonic() >= deadline:
             return False
         time.sleep(0.1)
-    return False
 
 
 def doctor(

@@ -92,12 +92,13 @@ def start_coordinator(argv: list[str], echo: Callable[[bytes], None]) -> tuple[i
                     said += chunk
         except KeyboardInterrupt:
             # Twice, as two Ctrl-C: the batch that was not yet under way is stopped, jobs killed.
-            for _ in range(2):
+            # Two different signals: two of one kind sent at once may arrive as one.
+            for signo in (signal.SIGINT, signal.SIGTERM):
                 with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(signal.SIGTERM)
-            code = proc.wait()
+                    proc.send_signal(signo)
+            proc.wait()
             _echo_new(early, shown, echo)
-            return None, code if code else 130
+            return None, 130
         finally:
             os.close(status_read)
         _echo_new(early, shown, echo)
@@ -106,7 +107,8 @@ def start_coordinator(argv: list[str], echo: Callable[[bytes], None]) -> tuple[i
         # still runs when this object goes away).
         proc.returncode = 0
         return proc.pid, 0
-    return None, proc.wait()
+    code = proc.wait()
+    return None, code if code >= 0 else 128 - code  # killed by signal n: 128+n, as a shell says
 
 
 def _echo_new(early: IO[bytes], shown: int, echo: Callable[[bytes], None]) -> int:
@@ -194,7 +196,7 @@ class CoordinatorSession:
         _flush_std()
         if path.exists():
             os.replace(path, path.with_name(LOG_NAME + ".1"))
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             if copy_early:
                 offset = 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -71,3 +72,38 @@ def test_cancel_all_kills_a_detached_batch_s_jobs_on_the_hosts(cluster4: Cluster
     assert attached.stderr.splitlines()[-1] == "cancelled: running jobs were killed"
     journal = [json.loads(x) for x in (tmp_path / "job_results" / ".journal.jsonl").read_text().splitlines()]
     assert sorted(e["job"] for e in journal if e["state"] == "cancelled") == [f"b.sh.{n}" for n in range(1, 5)]
+
+
+@pytest.mark.slow
+def test_ctrl_c_before_the_batch_is_under_way_stops_the_coordinator_too(cluster4: Cluster, tmp_path: Path) -> None:
+    (tmp_path / "b.sh").write_text(f"{MARK}\n")
+    cluster4.hosts[1].freeze()  # its sshd never answers: the start waits on it
+    machines = ["--machines", *(str(p) for p in cluster4.machine_files[:2])]
+    parent = subprocess.Popen(
+        [*CLI, "execute_batch", "b.sh", "--detach", *machines, *NO_GPU], cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+    def coordinators() -> list[int]:
+        return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and int(p.name) != parent.pid and _cwd(p) == tmp_path]
+
+    lock = tmp_path / "job_results" / ".lock"
+    # The coordinator holds the results folder (so it runs the batch) and waits on the host.
+    assert wait_for(lambda: lock.is_file() and lock.read_text().strip() != "")
+    child = int(json.loads(lock.read_text())["pid"])
+    assert child in coordinators()
+    parent.send_signal(signal.SIGINT)
+    _out, err = parent.communicate(timeout=60)
+    assert parent.returncode == 130, err
+    assert "cancelled: running jobs were killed" in err
+    assert wait_for(lambda: not coordinators(), 30), coordinators()
+    assert not Path(f"/proc/{child}").exists()
+    assert job_processes(cluster4, 1) == {cluster4.hosts[0].name: []}
+    assert not (tmp_path / "job_results").exists()  # made by that run, and left empty
+
+
+def _cwd(proc: Path) -> Path | None:
+    try:
+        return Path(os.readlink(proc / "cwd"))
+    except OSError:
+        return None
