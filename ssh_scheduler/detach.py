@@ -30,6 +30,7 @@ import select
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -229,8 +230,6 @@ class CoordinatorSession:
 
 
 def _flush_std() -> None:
-    import sys
-
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()

@@ -337,3 +337,23 @@ def test_the_batch_outlives_the_terminal_session_that_started_it(tmp_path: Path)
     assert viewer.wait(timeout=30) == 0
     assert "finished: b.sh.1; " in drawn and "done: 1 finished, 0 failed" in drawn
     assert "1/1" in drawn  # the progress the live view draws from the replayed events
+
+
+@pytest.mark.slow
+def test_attach_to_a_coordinator_that_was_killed_says_so(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    batch_dir(tmp_path, [f"while [ ! -e {gate} ]; do sleep 0.1; done"])
+    started = cli_run(tmp_path, "execute_batch", "b.sh", "--detach", "--lease", "5", *LOCAL)
+    assert started.returncode == 0, started.stderr
+    pid = coordinator_pid(tmp_path)
+    viewer = Viewer(tmp_path)
+    viewer.until("started: b.sh.1;")
+    os.kill(pid, signal.SIGKILL)
+    code, err = viewer.finish()
+    assert code == 1
+    assert err == (
+        f"error: the coordinator (pid {pid}) ended without finishing the batch; ssh-scheduler status shows "
+        "what it left, and the same execute_batch again goes on with it\n"
+    )
+    assert json.loads(cli_run(tmp_path, "status", "--json").stdout)["coordinator"] == "stopped"
+    gate.touch()  # the job the host kept for its lease may end
