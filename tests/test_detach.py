@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from ssh_scheduler import cli
+from ssh_scheduler.batch import validate_job_name
 from ssh_scheduler.detach import (
     DETACHED_ENV,
     EVENTS_NAME,
@@ -29,6 +30,7 @@ from ssh_scheduler.detach import (
     event_from_json,
     follow_events,
 )
+from ssh_scheduler.errors import BatchError
 from ssh_scheduler.events import (
     BatchFinished,
     BatchStarted,
@@ -357,3 +359,9 @@ def test_attach_to_a_coordinator_that_was_killed_says_so(tmp_path: Path) -> None
     )
     assert json.loads(cli_run(tmp_path, "status", "--json").stdout)["coordinator"] == "stopped"
     gate.touch()  # the job the host kept for its lease may end
+
+
+def test_no_job_may_take_the_name_of_a_detached_run_s_files() -> None:
+    for name in (".events.jsonl", ".coordinator.log", ".coordinator.log.1", ".control.sock"):
+        with pytest.raises(BatchError, match="reserved for the scheduler's own files"):
+            validate_job_name(name)
