@@ -39,6 +39,7 @@ from ssh_scheduler.events import (
     JobFailed,
     JobStarted,
 )
+from ssh_scheduler.live import BoardState
 
 REPO = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "ssh_scheduler"]
@@ -160,6 +161,12 @@ def test_the_log_is_rotated_at_its_bound_and_the_parent_learns_once_the_batch_is
         os.close(fd)
 
 
+def test_a_live_view_attached_later_counts_elapsed_time_from_the_batch_s_start() -> None:
+    board = BoardState()
+    board.apply(BatchStarted(token="t", jobs=1, hosts=("h",), t=time.time() - 100))
+    assert time.monotonic() - board.started_at >= 100
+
+
 def test_the_cli_names_the_same_environment_variable() -> None:
     assert cli.DETACHED_ENV == DETACHED_ENV
 
@@ -242,6 +249,10 @@ def test_a_refused_detach_prints_one_line_and_leaves_nothing_behind(tmp_path: Pa
         assert both.returncode == 2 and wanted in both.stderr
     nothing = cli_run(tmp_path, "attach")
     assert nothing.returncode == 2 and nothing.stderr == "error: nothing to attach to in job_results: no batch ran there with --detach\n"
+    (tmp_path / "job_results").mkdir()
+    (tmp_path / "job_results" / ".journal.jsonl").write_text("")  # what a foreground run leaves
+    foreground = cli_run(tmp_path, "attach")
+    assert foreground.returncode == 2 and "its batch was not started with --detach" in foreground.stderr
 
 
 def _cwd(proc: Path) -> Path | None:
