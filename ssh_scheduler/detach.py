@@ -113,10 +113,10 @@ def start_coordinator(argv: list[str], echo: Callable[[bytes], None]) -> tuple[i
 
 
 def _echo_new(early: IO[bytes], shown: int, echo: Callable[[bytes], None]) -> int:
-    data = os.pread(early.fileno(), 1 << 20, shown)
-    if data:
+    while data := os.pread(early.fileno(), 1 << 20, shown):
         echo(data)
-    return shown + len(data)
+        shown += len(data)
+    return shown
 
 
 # --- the child: the detached coordinator -----------------------------------------------------
