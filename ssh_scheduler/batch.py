@@ -53,12 +53,14 @@ MAX_JOB_NAME_BYTES = 200
 RESULT_SUFFIXES: tuple[str, ...] = (".out", ".err")
 """Files written next to a job's result folder: ``job_results/<name><suffix>``."""
 
-RESERVED_NAMES = frozenset({".journal.jsonl", ".lock", ".failed"})
+RESERVED_NAMES = frozenset({".journal.jsonl", ".lock", ".failed", ".events.jsonl", ".control.sock"})
 """The scheduler's own names in ``job_results/`` (the journal, the run's lock file, the folder
-``--retry-failed`` keeps old attempts in); no job may be called so (any case)."""
+``--retry-failed`` keeps old attempts in, a detached run's event file, the control socket); no
+job may be called so (any case)."""
 
-RESERVED_PREFIXES: tuple[str, ...] = (".partial-",)
-"""Prefixes of the scheduler's staging folders in ``job_results/``; no job name may start so."""
+RESERVED_PREFIXES: tuple[str, ...] = (".partial-", ".coordinator.log")
+"""Prefixes of the scheduler's staging folders and a detached run's logs in ``job_results/``; no
+job name may start so."""
 
 _SUFFIX_ROLES = {"": "result folder", ".out": "stdout file", ".err": "stderr file"}
 

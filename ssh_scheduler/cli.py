@@ -23,6 +23,9 @@ from .errors import SchedulerError
 if TYPE_CHECKING:
     from .allocate import Needs
 
+DETACHED_ENV = "SSH_SCHEDULER_DETACHED"  # detach.DETACHED_ENV, without importing it at start-up
+invoked_args: list[str] = []
+"""The command's arguments as run_app passed them on: ``--detach`` runs them again."""
 MULTI_VALUE = ("--machines", "--copy-forwards", "--copy-backwards", "--exclude-hosts", "-x")
 T = TypeVar("T")
 
@@ -167,6 +170,7 @@ def execute_batch(
     plain: Annotated[bool, typer.Option("--plain", help="plain lines even on a terminal (no live view)")] = False,
     verbose: Annotated[int, typer.Option("--verbose", "-v", count=True, help="also show probes, connections and transfers")] = 0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print only failures and the summary")] = False,
+    detach: Annotated[bool, typer.Option("--detach", help="return once the batch is under way; it runs on in the background (ssh-scheduler status, attach, cancel)")] = False,
 ) -> None:
     """Run every line of BATCH_FILE as a job, placed where its needs fit.
 
@@ -181,6 +185,17 @@ def execute_batch(
     from .scheduler import Batch, BatchOptions
     from .transfer import CopyLimits
 
+    # --- detach (cli_detach.py): start the batch in the background, or be that background run ---
+    if detach:
+        from .cli_detach import start_detached
+
+        raise typer.Exit(start_detached(invoked_args, results_dir, json_events=json_events, dry_run=dry_run))
+    session = None
+    if DETACHED_ENV in os.environ:
+        from .detach import CoordinatorSession
+
+        session = CoordinatorSession.from_environment(results_dir)
+    # --- end detach ---
     try:
         check_numbers(timeout=timeout, keepalive=keepalive, retries=retries, lease=lease, probe_interval=probe_interval)
         if not dry_run:
@@ -222,7 +237,10 @@ def execute_batch(
         )
         verbosity = -1 if quiet else verbose
         batch = Batch(jobs, hosts, options)
-        with batch_display(batch, json_events=json_events, plain=plain, verbosity=verbosity):
+        display = detached_display(session, batch, verbosity) if session else batch_display(
+            batch, json_events=json_events, plain=plain, verbosity=verbosity
+        )
+        with display:
             summary = run_async(batch.run, batch.request_stop)
     except SchedulerError as exc:
         raise fail(exc) from None
@@ -233,6 +251,13 @@ def execute_batch(
         for line in summary_lines(summary, results_dir):
             err_line(line)
     raise typer.Exit(summary.exit_code)
+
+
+def detached_display(session: Any, batch: Any, verbosity: int) -> contextlib.AbstractContextManager[Any]:
+    """The detached coordinator's display (cli_detach.py)."""
+    from .cli_detach import DetachedDisplay
+
+    return DetachedDisplay(session, batch, verbosity)
 
 
 def batch_display(batch: Any, *, json_events: bool, plain: bool, verbosity: int) -> contextlib.AbstractContextManager[Any]:
@@ -332,7 +357,7 @@ COMMANDS: dict[str, Callable[..., None]] = {
 
 
 LAZY_COMMANDS = ("execute_to", "sweep", "results")
-CONTROL_COMMANDS = ("status", "jobs", "pause", "resume", "cancel", "doctor")
+CONTROL_COMMANDS = ("status", "jobs", "pause", "resume", "cancel", "doctor", "attach")
 """Commands of cli_status: read a batch's journal, steer its coordinator, check the hosts."""
 
 
@@ -347,6 +372,10 @@ def command(name: str) -> Callable[..., None]:
         from .cli_sweep import COMMANDS as SWEEP_COMMANDS
 
         return SWEEP_COMMANDS[name]
+    if name == "attach":
+        from .cli_detach import attach
+
+        return attach
     if name in CONTROL_COMMANDS:
         from .cli_status import COMMANDS as control
 
@@ -381,8 +410,9 @@ def show_library_logs(level: int = logging.WARNING) -> None:
 
 def run_app(app: typer.Typer, args: Sequence[str], prog_name: str) -> None:
     show_library_logs()
+    invoked_args[:] = expand_multi_value(args)
     with quiet_on_broken_pipe():
-        app(args=expand_multi_value(args), prog_name=prog_name)
+        app(args=list(invoked_args), prog_name=prog_name)
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from .control import ControlError, send_request
+from .detach import LOG_NAME, coordinator_header
 from .errors import SchedulerError
 from .journal import JOURNAL_NAME, read_journal
 from .status import fold_journal, joblog_lines, status_json, status_lines
@@ -50,6 +51,9 @@ def status(
         return
     for line in status_lines(batch, results_dir, coordinator, time.time()):
         _echo(line)
+    header = coordinator_header(results_dir)
+    if coordinator is not None and header is not None and header.get("pid") == coordinator.get("pid"):
+        _echo(f"  detached: its log is {results_dir}/{LOG_NAME}; ssh-scheduler attach follows it")
 
 
 def jobs(results_dir: ResultsArg = Path("job_results")) -> None:
@@ -78,12 +82,41 @@ def resume(results_dir: ResultsOpt = Path("job_results")) -> None:
 
 
 def cancel(
-    job_names: Annotated[list[str], typer.Argument(help="jobs to kill (running) or drop (waiting)", metavar="JOB...")],
+    job_names: Annotated[list[str] | None, typer.Argument(help="jobs to kill (running) or drop (waiting); none: the whole batch", metavar="[JOB...]")] = None,
     results_dir: ResultsOpt = Path("job_results"),
+    stop_all: Annotated[bool, typer.Option("--all", help="stop the whole batch: kill its jobs, clean its hosts")] = False,
 ) -> None:
-    """Kill the named jobs of the running batch (or take them out of its queue)."""
-    _ask(results_dir, {"command": "cancel", "jobs": job_names})
-    _echo(f"cancelled: {' '.join(job_names)}")
+    """Kill the named jobs of the running batch (or take them out of its queue); with no names
+    (or --all) stop the whole batch as Ctrl-C twice would, and wait until it has."""
+    if job_names and stop_all:
+        raise _fail("name jobs or pass --all, not both")
+    if job_names:
+        _ask(results_dir, {"command": "cancel", "jobs": job_names})
+        _echo(f"cancelled: {' '.join(job_names)}")
+        return
+    reply = _ask(results_dir, {"command": "stop"})
+    _echo(f"stopping the batch (pid {reply['pid']}): killing {len(reply['running'])} running jobs, cleaning its hosts")
+    _echo("stopped" if wait_for_exit(reply) else "still stopping; ssh-scheduler status shows when it has")
+
+
+def wait_for_exit(reply: dict[str, Any], limit: float = 120.0) -> bool:
+    """Wait until the coordinator that sent ``reply`` has ended (seen only on its own host)."""
+    import os
+    import socket
+
+    if reply.get("host") != socket.gethostname():
+        return False
+    deadline = time.monotonic() + limit
+    while True:
+        try:
+            os.kill(int(reply["pid"]), 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass  # it exists
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
 
 
 def doctor(

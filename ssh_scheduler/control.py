@@ -1,5 +1,5 @@
 """Acting on a running batch from another terminal: ``ssh-scheduler pause`` / ``resume`` /
-``cancel JOB...``.
+``cancel JOB...`` / ``cancel --all``.
 
 The coordinator serves a unix socket in its results folder (``job_results/.control.sock``, mode
 0600, and each peer's uid checked with ``SO_PEERCRED``: root ignores the mode, and only the
@@ -128,9 +128,14 @@ def batch_requests(batch: Batch) -> Handler:
                 batch.perform(planner.cancel(job))
             if unknown:
                 return {"ok": False, "error": f"not jobs of this batch: {', '.join(unknown)}"}
+        elif command == "stop":
+            # The whole batch, as Ctrl-C twice: kill what runs, clean the hosts, journal it.
+            if not planner.draining:
+                batch.request_stop()
+            batch.request_stop()
         elif command != "status":
             return {"ok": False, "error": f"unknown command {command!r}"}
-        return {"ok": True, "pid": os.getpid(), "paused": planner.paused, "running": planner.running()}
+        return {"ok": True, "pid": os.getpid(), "host": socket.gethostname(), "paused": planner.paused, "running": planner.running()}
 
     return handle
 

@@ -87,6 +87,8 @@ class BoardState:
         match event:
             case BatchStarted():
                 self.total = event.jobs
+                # Elapsed counts from the batch's start, also for a view attached later.
+                self.started_at = time.monotonic() - max(0.0, time.time() - event.t)
                 for name in event.hosts:
                     self.host(name)
             case HostProbed():

@@ -124,7 +124,10 @@ def status_lines(status: BatchStatus, results_dir: Path, coordinator: dict[str, 
     data = status_json(status, results_dir, coordinator)
     counts = data["counts"]
     state = data["coordinator"]
-    pid = f" (pid {coordinator['pid']})" if coordinator and "pid" in coordinator else ""
+    pid = ""
+    if coordinator and "pid" in coordinator:
+        host = f" on {coordinator['host']}" if coordinator.get("host") else ""
+        pid = f" (pid {coordinator['pid']}{host})"
     lines = [
         f"{results_dir}: {state}{pid}; " + ", ".join(f"{n} {phase}" for phase, n in counts.items()),
     ]
