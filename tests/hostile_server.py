@@ -207,9 +207,35 @@ class HostileServer:
             return [P.Removed(id=rid)] if rid is not None else []
         if isinstance(req, P.Sweep):
             return [P.Swept(id=rid)]
+        if isinstance(req, P.Put):  # bulk uploads land where SFTP ones would
+            for blob in req.files:
+                self.uploaded[f"{ROOT}/cache/{blob.name}"] = base64.b64decode(blob.data or "")
+            return [P.PutReply(id=rid)]
+        if isinstance(req, P.Fetch):
+            return self._fetch(req)
         if isinstance(req, (P.Ping, P.Kill, P.Resume, P.Bye)):
             return []  # nothing to say: no job here ever runs, so none is killed or resumed
         return [P.Error(id=rid, message=f"unknown op {req.TAG!r}")]
+
+    def _fetch(self, req: P.Fetch) -> list[P.Message]:
+        """Small files in bulk, from the same contents the SFTP server serves: an endless file
+        sends past the limit, a stalled one leaves the whole request unanswered."""
+        blobs = []
+        for rel in req.paths:
+            path = f"{req.dir}/{rel}"
+            self.opened.append(path)
+            try:
+                content = self.content_for(path)
+            except asyncssh.SFTPError as exc:
+                content = exc
+            if content is STALL:
+                return []
+            if isinstance(content, asyncssh.SFTPError):
+                blobs.append(P.Blob(name=rel, error=content.reason))
+                continue
+            data = b"\xff" * (req.limit + 1) if content is ENDLESS else bytes(content)
+            blobs.append(P.Blob(name=rel, data=base64.b64encode(data).decode()))
+        return [P.Fetched(id=req.id, files=blobs)]
 
     # -- the fake file system (used by the SFTP server) ---------------------------------------
     def content_for(self, path: str) -> Any:
