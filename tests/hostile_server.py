@@ -75,6 +75,9 @@ class HostileServer:
         self.missing_all = False  # answer `have` with every hash missing (forces SFTP uploads)
         self.endless_hello = False  # answer `hello` with one line that never ends
         self.bad_have = False  # answer `have` with something that is not a list
+        # answer `fetch` with extra files under names nobody asked for (escaping ones too)
+        self.fetch_lies = False
+        self.on_read: Callable[[str], None] | None = None  # called with each path read (SFTP or fetch)
         self.opened: list[str] = []  # every path the client asked the SFTP server to open
         self.uploaded: dict[str, bytes] = {}
         self.requests: list[P.Request] = []  # every agent request seen
@@ -221,9 +224,14 @@ class HostileServer:
         """Small files in bulk, from the same contents the SFTP server serves: an endless file
         sends past the limit, a stalled one leaves the whole request unanswered."""
         blobs = []
+        if self.fetch_lies:
+            blobs += [P.Blob(name=name, data=base64.b64encode(b"pwned").decode())
+                      for name in ("../../../../../../tmp/pwned", "/tmp/evil", "..", "sneaky")]
         for rel in req.paths:
             path = f"{req.dir}/{rel}"
             self.opened.append(path)
+            if self.on_read is not None:
+                self.on_read(path)
             try:
                 content = self.content_for(path)
             except asyncssh.SFTPError as exc:
@@ -257,6 +265,8 @@ class _HostileSFTP(asyncssh.SFTPServer):
         if pflags & asyncssh.FXF_WRITE:
             return _Handle(name, writing=True)
         self.owner.opened.append(name)
+        if self.owner.on_read is not None:
+            self.owner.on_read(name)
         content = self.owner.content_for(name)
         if isinstance(content, Exception):
             raise content
