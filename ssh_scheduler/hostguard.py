@@ -233,10 +233,10 @@ def keep_in_cache(cache, key, data):
     path = os.path.join(cache, key)
     tmp = "%s.put-%d" % (path, os.getpid())
     try:
-        os.unlink(tmp)  # an earlier agent's, killed mid-write (the cache is private)
-    except OSError:
-        pass
-    fd = create_private(tmp)
+        fd = create_private(tmp)
+    except FileExistsError:  # an earlier agent's, killed mid-write (the cache is private)
+        os.unlink(tmp)
+        fd = create_private(tmp)
     try:
         view = memoryview(data)
         while view:

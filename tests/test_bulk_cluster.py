@@ -250,3 +250,12 @@ def test_batches_keep_order_and_bounds() -> None:
     assert all(len(g) <= bulk.BATCH_FILES for g in groups)
     assert all(sum(g) <= bulk.BATCH_BYTES or len(g) == 1 for g in groups)
     assert bulk.batches([bulk.BATCH_BYTES * 2], lambda size: size) == [[bulk.BATCH_BYTES * 2]]
+
+
+def test_a_temporary_file_left_by_a_killed_agent_is_replaced(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    key = key_of(b"again")
+    (cache / f"{key}.put-{os.getpid()}").write_bytes(b"half")  # what a killed agent left
+    assert G.keep_in_cache(str(cache), key, b"again") is None
+    assert sorted(os.listdir(cache)) == [key] and (cache / key).read_bytes() == b"again"
