@@ -77,6 +77,7 @@ class HostileServer:
         self.bad_have = False  # answer `have` with something that is not a list
         # answer `fetch` with extra files under names nobody asked for (escaping ones too)
         self.fetch_lies = False
+        self.without_bulk = False  # answer `put` and `fetch` as an agent that predates them would
         self.on_read: Callable[[str], None] | None = None  # called with each path read (SFTP or fetch)
         self.opened: list[str] = []  # every path the client asked the SFTP server to open
         self.uploaded: dict[str, bytes] = {}
@@ -210,6 +211,8 @@ class HostileServer:
             return [P.Removed(id=rid)] if rid is not None else []
         if isinstance(req, P.Sweep):
             return [P.Swept(id=rid)]
+        if isinstance(req, (P.Put, P.Fetch)) and self.without_bulk:
+            return [P.Error(id=rid, message=f"unknown op {req.TAG!r}")]
         if isinstance(req, P.Put):  # bulk uploads land where SFTP ones would
             for blob in req.files:
                 self.uploaded[f"{ROOT}/cache/{blob.name}"] = base64.b64decode(blob.data or "")

@@ -509,3 +509,22 @@ async def test_a_result_folder_replaced_by_a_link_mid_copy(hostile: HostileServe
     assert (job / "other" / "third").read_bytes() == b"data of other/third"
     assert os.readlink(job / "sub") == str(elsewhere)  # the planted link itself, not followed
     assert any("sub/second: refused" in w for w in warned), warned
+
+
+async def test_an_agent_without_bulk_requests_gets_files_by_sftp(hostile: HostileServer, tmp_path: Path) -> None:
+    """A reattached agent of an older version answers put / fetch with an error: every file
+    still goes out and comes back, one by one by SFTP."""
+    hostile.without_bulk = True
+    hostile.missing_all = True
+    hostile.scenarios["old"] = Scenario(entries=[["r1.txt", "file", 15, 0o644, None], ["r2.txt", "file", 15, 0o644, None]])
+    src, results = workspace(tmp_path)
+    code = await execute_remote(
+        hostile.machine(), "true", RemoteOptions(job_name="old", results_dir=results, base_dir=src), stdout=(), stderr=(),
+    )
+    assert code == 0
+    assert {type(r) for r in hostile.requests} >= {P.Put, P.Fetch}  # asked, refused
+    (uploaded,) = hostile.uploaded.values()
+    assert uploaded == b"input\n"  # by SFTP after the refused put
+    assert [p.rsplit("/", 1)[-1] for p in hostile.opened] == ["r1.txt", "r2.txt"]  # by SFTP
+    assert (results / "old" / "r1.txt").read_bytes() == b"data of r1.txt"
+    assert (results / "old" / "r2.txt").read_bytes() == b"data of r2.txt"
