@@ -852,11 +852,11 @@ class Bench:
                     "x",
                 ),
             ] + [
-                Target(  # reported, no target: the ratio to the fair peer
-                    "parallel --basefile wall / ssh_scheduler (info)",
+                Target(  # the issue sets no bar here: reported, against "not slower than it"
+                    "fair peer, reported: parallel --basefile wall >= 1 x ssh_scheduler",
                     t_par_base.name,
                     base_med / ssh_med if ssh_med and (base_med := t_par_base.median()) else None,
-                    0.0,
+                    1.0,
                     True,
                     "x",
                 )

@@ -10,6 +10,9 @@ every local file is created relative to directory file descriptors with ``O_NOFO
 remote symlinks are only recreated when they stay inside the job folder, special files are
 skipped, and size and count limits stop a flood.  Results land in a staging folder that is renamed
 into ``job_results/<job>`` only when complete, so a crash never leaves a partial result visible.
+
+Small files travel many to a message through the agent (bulk.py) rather than by an SFTP round trip
+sequence each; that changes how the bytes come, not one of the checks above.
 """
 
 from __future__ import annotations
