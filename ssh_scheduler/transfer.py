@@ -181,6 +181,9 @@ def shown(name: object, limit: int = 200) -> str:
     return printable(name if isinstance(name, str) else repr(name), limit)
 
 
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW  # a link is never followed (ELOOP)
+
+
 class _SafeTree:
     """Creates entries under one root directory without ever following a symlink."""
 
@@ -191,10 +194,16 @@ class _SafeTree:
         fd = os.dup(self.root_fd)
         try:
             for part in parts:
-                if create:
+                # Open first, make only when missing: most files land in folders made already, and
+                # a mkdir that fails with EEXIST still locks the parent folder.
+                try:
+                    nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        raise
                     with contextlib.suppress(FileExistsError):
                         os.mkdir(part, 0o755, dir_fd=fd)
-                nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                    nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
                 os.close(fd)
                 fd = nxt
         except BaseException:
