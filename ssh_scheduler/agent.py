@@ -613,6 +613,45 @@ class Agent(object):
                 except OSError:
                     pass
 
+    # -- small files in bulk (transfer.py, bulk.py): many files per message, not per SFTP trip ---
+    async def op_put(self, req):
+        """Keep small inputs in the cache; each is checked against its hash before it counts."""
+        trust = self.trust
+        if trust is None:
+            trust = self.trust = G.CacheTrust(self.cache, os.path.join(self.root, "cache-trusted.json"))
+        failed = []
+        for blob in req.files:
+            try:
+                why = G.keep_in_cache(self.cache, blob.name, base64.b64decode(blob.data or ""))
+            except (OSError, ValueError) as exc:
+                why = "%s: %s" % (type(exc).__name__, exc)
+            if why is None:
+                trust.learn(blob.name)
+            else:
+                failed.append("%s: %s" % (blob.name, why))
+        trust.save()
+        self.send(P.PutReply(id=req.id, failed=failed))
+
+    async def op_fetch(self, req):
+        """The bytes of small result files, in the order asked, ``limit`` + 1 bytes at most."""
+        jobdir = os.path.normpath(req.dir)
+        if not self.inside_root(os.path.dirname(jobdir)):
+            raise ValueError("job directory outside the work root")
+        left = req.limit + 1
+        blobs = []
+        for rel in req.paths:
+            if left <= 0:
+                break
+            if rel.startswith("/") or "\0" in rel or ".." in rel.split("/"):
+                blobs.append(P.Blob(name=rel, error="not a path inside the job folder"))
+                continue
+            data, error = G.read_regular(os.path.join(jobdir, rel), left)
+            if data is not None:
+                left -= len(data)
+                data = base64.b64encode(data).decode()
+            blobs.append(P.Blob(name=rel, data=data, error=error))
+        self.send(P.Fetched(id=req.id, files=blobs))
+
 
 class JobProtocol(asyncio.SubprocessProtocol):
     """Output of one job: to files on the host and, while subscribed, to the coordinator.

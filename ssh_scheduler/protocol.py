@@ -515,3 +515,45 @@ class Error(Reply):
     TAG = "error"
     message: str
     job: Optional[str] = None
+
+
+# --- small files in bulk (transfer.py): one message for many files instead of SFTP round trips --
+
+
+class Blob(Record):
+    """One small file's bytes (base64) in a bulk transfer, or why it could not be read.
+    ``name``: a cache key (Put) or a path relative to the job folder (Fetch)."""
+
+    POSITIONAL = True
+    name: str
+    data: Optional[str] = None
+    error: Optional[str] = None
+
+
+class PutReply(Reply):
+    TAG = "put"
+    failed: List[str] = []  # "key: reason" of each file not kept
+
+
+class Put(Request):
+    """Keep these files in the host's cache, each only if its content hashes to its key."""
+
+    TAG = "put"
+    REPLY = PutReply
+    files: List[Blob]
+
+
+class Fetched(Reply):
+    TAG = "fetched"
+    files: List[Blob] = []  # in the order asked; a file past ``limit`` cut short, the rest left out
+
+
+class Fetch(Request):
+    """The bytes of these regular files of a job folder (a link, a FIFO, a device: an error,
+    never followed or read); at most ``limit`` bytes in all plus one, so going over shows."""
+
+    TAG = "fetch"
+    REPLY = Fetched
+    dir: str
+    paths: List[str]
+    limit: int

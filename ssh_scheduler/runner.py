@@ -341,6 +341,16 @@ class HostSession:
         reply = await self._call(P.Manifest(dir=jobdir, paths=paths), P.ManifestReply, 300)
         return reply.entries  # transfer.fetch_back checks it (P.decode_listing)
 
+    async def put(self, files: list[P.Blob]) -> list[str]:
+        """Keep small files in the host's cache (bulk.py); returns "key: reason" of each refused."""
+        reply = await self._call(P.Put(files=files), P.PutReply, 300)
+        return reply.failed
+
+    async def fetch(self, jobdir: str, paths: list[str], limit: int, timeout: float) -> list[P.Blob]:
+        """Small result files' bytes (bulk.py); transfer.fetch_back checks every one."""
+        reply = await self._call(P.Fetch(dir=jobdir, paths=paths, limit=limit), P.Fetched, timeout)
+        return reply.files
+
     async def sweep(self, prefix: str) -> None:
         """Remove every job folder and output file whose name starts with ``prefix``."""
         await self._call(P.Sweep(prefix=prefix), P.Swept, 60)

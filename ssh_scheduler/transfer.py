@@ -10,6 +10,9 @@ every local file is created relative to directory file descriptors with ``O_NOFO
 remote symlinks are only recreated when they stay inside the job folder, special files are
 skipped, and size and count limits stop a flood.  Results land in a staging folder that is renamed
 into ``job_results/<job>`` only when complete, so a crash never leaves a partial result visible.
+
+Small files travel many to a message through the agent (bulk.py) rather than by an SFTP round trip
+sequence each; that changes how the bytes come, not one of the checks above.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import bulk
 from .errors import TransferError
 
 # The walk, secrets, ignore file and size check live in the pure module forward; these names
@@ -59,7 +63,7 @@ class HostCache:
         if new:
             try:
                 missing = set(await self.host.have([f.key for f in new], {f.key: f.size for f in new}))
-                await asyncio.gather(*(self._upload(f) for f in new if f.key in missing))
+                await self._send([f for f in new if f.key in missing])
             except BaseException as exc:
                 for f in new:
                     fut = self._ready.pop(f.key)
@@ -71,6 +75,16 @@ class HostCache:
                 if not self._ready[f.key].done():
                     self._ready[f.key].set_result(None)
         await asyncio.gather(*(self._ready[key] for key in unique))
+
+    async def _send(self, files: list[LocalFile]) -> None:
+        """Small files many to a message through the agent (bulk.py), the rest by SFTP."""
+        small = [f for f in files if f.size <= bulk.SMALL_FILE]
+        large = [f for f in files if f.size > bulk.SMALL_FILE]
+        again = await bulk.put_small(self.host, small) if small else []
+        kept = {f.key for f in small} - {f.key for f in again}
+        self.bytes_uploaded += sum(f.size for f in small if f.key in kept)
+        self.files_uploaded += len(kept)
+        await asyncio.gather(*(self._upload(f) for f in large + again))
 
     async def _upload(self, f: LocalFile) -> None:
         # Private (like the work root around it), read-only: a job that rewrites an input in
@@ -167,6 +181,9 @@ def shown(name: object, limit: int = 200) -> str:
     return printable(name if isinstance(name, str) else repr(name), limit)
 
 
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW  # a link is never followed (ELOOP)
+
+
 class _SafeTree:
     """Creates entries under one root directory without ever following a symlink."""
 
@@ -177,10 +194,16 @@ class _SafeTree:
         fd = os.dup(self.root_fd)
         try:
             for part in parts:
-                if create:
+                # Open first, make only when missing: most files land in folders made already, and
+                # a mkdir that fails with EEXIST still locks the parent folder.
+                try:
+                    nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        raise
                     with contextlib.suppress(FileExistsError):
                         os.mkdir(part, 0o755, dir_fd=fd)
-                nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                    nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
                 os.close(fd)
                 fd = nxt
         except BaseException:
@@ -257,14 +280,23 @@ async def fetch_back(
     staging = dest.parent / f".partial-{dest.name}-{secrets.token_hex(4)}"
     os.mkdir(staging, 0o755)
     root_fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    # Small files are asked of the agent many to a message, ahead of being written here in the
+    # listing's order, each by the same checks below; only names that pass them are asked for.
+    small = [
+        (entry.path, entry.size) for entry in listing
+        if entry.kind == "file" and 0 <= entry.size <= bulk.SMALL_FILE and safe_relpath(entry.path) is not None
+    ]  # fmt: skip
+    prefetch = bulk.Prefetch(host, jobdir, small, limits.max_bytes)
     try:
         tree = _SafeTree(root_fd)
         for entry in listing:
-            await _fetch_entry(host, jobdir, tree, entry, report, limits)
+            await _fetch_entry(host, jobdir, tree, entry, report, limits, prefetch)
+        await prefetch.close()
         os.close(root_fd)
         root_fd = -1
         os.rename(staging, dest)
     except BaseException:
+        await prefetch.close()
         if root_fd >= 0:
             os.close(root_fd)
         shutil.rmtree(staging, ignore_errors=True)
@@ -288,6 +320,7 @@ async def _fetch_entry(
     entry: ManifestEntry,
     report: CopyBackReport,
     limits: CopyLimits,
+    prefetch: bulk.Prefetch,
 ) -> None:
     kind, link = entry.kind, entry.link
     rel = safe_relpath(entry.path)
@@ -308,7 +341,7 @@ async def _fetch_entry(
             try:
                 budget = limits.max_bytes - report.bytes
                 try:
-                    got = await host.transport.download(f"{jobdir}/{rel}", fd, budget)
+                    got = await _download(host, jobdir, rel, fd, budget, prefetch)
                 except SizeLimitExceeded:
                     raise TransferError(
                         f"{host.name}:{jobdir}: results exceed the copy-back limit of "
@@ -332,3 +365,18 @@ async def _fetch_entry(
         # ELOOP / ENOTDIR / EEXIST: something tried to redirect us through a link or reuse a name.
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         _warn(report, f"{shown(rel)}: refused ({reason})")
+
+
+async def _download(host: HostSession, jobdir: str, rel: str, fd: int, budget: int, prefetch: bulk.Prefetch) -> int:
+    """One result file into ``fd``: from the agent's bulk answer when it has one, else by SFTP;
+    either way counted against the same byte budget."""
+    blob = await prefetch.get(rel)
+    if blob is None:
+        return await host.transport.download(f"{jobdir}/{rel}", fd, budget)
+    data = bulk.content(host, rel, blob)
+    if len(data) > budget:
+        raise SizeLimitExceeded(f"{jobdir}/{rel}", budget)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    return len(data)

@@ -75,6 +75,10 @@ class HostileServer:
         self.missing_all = False  # answer `have` with every hash missing (forces SFTP uploads)
         self.endless_hello = False  # answer `hello` with one line that never ends
         self.bad_have = False  # answer `have` with something that is not a list
+        # answer `fetch` with extra files under names nobody asked for (escaping ones too)
+        self.fetch_lies = False
+        self.without_bulk = False  # answer `put` and `fetch` as an agent that predates them would
+        self.on_read: Callable[[str], None] | None = None  # called with each path read (SFTP or fetch)
         self.opened: list[str] = []  # every path the client asked the SFTP server to open
         self.uploaded: dict[str, bytes] = {}
         self.requests: list[P.Request] = []  # every agent request seen
@@ -207,9 +211,42 @@ class HostileServer:
             return [P.Removed(id=rid)] if rid is not None else []
         if isinstance(req, P.Sweep):
             return [P.Swept(id=rid)]
+        if isinstance(req, (P.Put, P.Fetch)) and self.without_bulk:
+            return [P.Error(id=rid, message=f"unknown op {req.TAG!r}")]
+        if isinstance(req, P.Put):  # bulk uploads land where SFTP ones would
+            for blob in req.files:
+                self.uploaded[f"{ROOT}/cache/{blob.name}"] = base64.b64decode(blob.data or "")
+            return [P.PutReply(id=rid)]
+        if isinstance(req, P.Fetch):
+            return self._fetch(req)
         if isinstance(req, (P.Ping, P.Kill, P.Resume, P.Bye)):
             return []  # nothing to say: no job here ever runs, so none is killed or resumed
         return [P.Error(id=rid, message=f"unknown op {req.TAG!r}")]
+
+    def _fetch(self, req: P.Fetch) -> list[P.Message]:
+        """Small files in bulk, from the same contents the SFTP server serves: an endless file
+        sends past the limit, a stalled one leaves the whole request unanswered."""
+        blobs = []
+        if self.fetch_lies:
+            blobs += [P.Blob(name=name, data=base64.b64encode(b"pwned").decode())
+                      for name in ("../../../../../../tmp/pwned", "/tmp/evil", "..", "sneaky")]
+        for rel in req.paths:
+            path = f"{req.dir}/{rel}"
+            self.opened.append(path)
+            if self.on_read is not None:
+                self.on_read(path)
+            try:
+                content = self.content_for(path)
+            except asyncssh.SFTPError as exc:
+                content = exc
+            if content is STALL:
+                return []
+            if isinstance(content, asyncssh.SFTPError):
+                blobs.append(P.Blob(name=rel, error=content.reason))
+                continue
+            data = b"\xff" * (req.limit + 1) if content is ENDLESS else bytes(content)
+            blobs.append(P.Blob(name=rel, data=base64.b64encode(data).decode()))
+        return [P.Fetched(id=req.id, files=blobs)]
 
     # -- the fake file system (used by the SFTP server) ---------------------------------------
     def content_for(self, path: str) -> Any:
@@ -231,6 +268,8 @@ class _HostileSFTP(asyncssh.SFTPServer):
         if pflags & asyncssh.FXF_WRITE:
             return _Handle(name, writing=True)
         self.owner.opened.append(name)
+        if self.owner.on_read is not None:
+            self.owner.on_read(name)
         content = self.owner.content_for(name)
         if isinstance(content, Exception):
             raise content

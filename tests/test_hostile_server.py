@@ -443,3 +443,88 @@ async def test_batch_goes_on_when_one_copy_back_fails(hostile: HostileServer, tm
 )
 def test_link_rule(rel: str, target: str, ok: bool) -> None:
     assert link_stays_inside(rel, target) is ok
+
+
+# --- small files in bulk (the agent's fetch): the same checks as SFTP, whatever the host answers --
+
+
+async def test_bulk_answers_name_no_place(hostile: HostileServer, tmp_path: Path) -> None:
+    """A fetch answer carrying files nobody asked for (escaping names among them) writes none of
+    them: answers are matched to what was asked, never trusted to name a place."""
+    hostile.fetch_lies = True
+    hostile.scenarios["liar"] = Scenario(entries=[["a.txt", "file", 14, 0o644, None], ["sub/b.txt", "file", 18, 0o600, None]])
+    src, results = workspace(tmp_path)
+    before, outside_before = snapshot(tmp_path), outside_state()
+    code = await execute_remote(
+        hostile.machine(), "true", RemoteOptions(job_name="liar", results_dir=results, base_dir=src), stdout=(), stderr=(),
+    )
+    assert code == 0
+    fetches = [r for r in hostile.requests if isinstance(r, P.Fetch)]
+    assert fetches and fetches[0].paths == ["a.txt", "sub/b.txt"]  # the files came in bulk
+    assert hostile.opened == [f"{fetches[0].dir}/a.txt", f"{fetches[0].dir}/sub/b.txt"]  # no SFTP
+    after = snapshot(tmp_path)
+    assert_only_job_changes(before, after, ["liar"])
+    assert outside_state() == outside_before
+    job = results / "liar"
+    assert sorted(str(p.relative_to(job)) for p in job.rglob("*")) == ["a.txt", "sub", "sub/b.txt"]
+    assert (job / "a.txt").read_bytes() == b"data of a.txt"
+    assert (job / "sub" / "b.txt").read_bytes() == b"data of sub/b.txt"
+    assert stat.S_IMODE((job / "sub" / "b.txt").stat().st_mode) == 0o600
+
+
+async def test_a_result_folder_replaced_by_a_link_mid_copy(hostile: HostileServer, tmp_path: Path) -> None:
+    """While the copy runs, a folder already made in the staging area is swapped for a symlink
+    to a folder outside: files still to come for it are refused, nothing lands outside."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    big = b"B" * 300_000  # above bulk.SMALL_FILE: it comes by SFTP, between the small ones
+    hostile.scenarios["swap"] = Scenario(
+        entries=[["sub/first", "file", 14, 0o644, None], ["big", "file", len(big), 0o644, None],
+                 ["sub/second", "file", 15, 0o644, None], ["other/third", "file", 16, 0o644, None]],
+        contents={"big": big},
+    )
+    swapped: list[Path] = []
+
+    def swap(path: str) -> None:
+        if path.endswith("/big"):
+            (staging,) = results.glob(".partial-swap-*")
+            os.rename(staging / "sub", tmp_path / "moved-away")
+            os.symlink(elsewhere, staging / "sub")
+            swapped.append(staging)
+
+    hostile.on_read = swap
+    warned: list[str] = []
+    src, results = workspace(tmp_path)
+    code = await execute_remote(
+        hostile.machine(), "true", RemoteOptions(job_name="swap", results_dir=results, base_dir=src),
+        stdout=(), stderr=(), warn=warned.append,
+    )
+    assert code == 0
+    assert swapped  # the swap really happened mid-copy
+    assert any(isinstance(r, P.Fetch) for r in hostile.requests)
+    assert os.listdir(elsewhere) == []  # nothing went through the link
+    assert (tmp_path / "moved-away" / "first").read_bytes() == b"data of sub/first"
+    job = results / "swap"
+    assert (job / "big").read_bytes() == big
+    assert (job / "other" / "third").read_bytes() == b"data of other/third"
+    assert os.readlink(job / "sub") == str(elsewhere)  # the planted link itself, not followed
+    assert any("sub/second: refused" in w for w in warned), warned
+
+
+async def test_an_agent_without_bulk_requests_gets_files_by_sftp(hostile: HostileServer, tmp_path: Path) -> None:
+    """A reattached agent of an older version answers put / fetch with an error: every file
+    still goes out and comes back, one by one by SFTP."""
+    hostile.without_bulk = True
+    hostile.missing_all = True
+    hostile.scenarios["old"] = Scenario(entries=[["r1.txt", "file", 15, 0o644, None], ["r2.txt", "file", 15, 0o644, None]])
+    src, results = workspace(tmp_path)
+    code = await execute_remote(
+        hostile.machine(), "true", RemoteOptions(job_name="old", results_dir=results, base_dir=src), stdout=(), stderr=(),
+    )
+    assert code == 0
+    assert {type(r) for r in hostile.requests} >= {P.Put, P.Fetch}  # asked, refused
+    (uploaded,) = hostile.uploaded.values()
+    assert uploaded == b"input\n"  # by SFTP after the refused put
+    assert [p.rsplit("/", 1)[-1] for p in hostile.opened] == ["r1.txt", "r2.txt"]  # by SFTP
+    assert (results / "old" / "r1.txt").read_bytes() == b"data of r1.txt"
+    assert (results / "old" / "r2.txt").read_bytes() == b"data of r2.txt"

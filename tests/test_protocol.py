@@ -41,6 +41,7 @@ SAMPLES: dict[str, Any] = {
     "Dict[str, JobUsage]": {"j": P.JobUsage(pids=[5, 6], rss_mb=12)},
     "List[StagedFile]": [P.StagedFile(rel="a/b", key="h-r")],
     "Optional[Staging]": P.Staging(files=[P.StagedFile(rel="c", key="h-x")], dirs=["d"]),
+    "List[Blob]": [P.Blob(name="k1", data="aGk="), P.Blob(name="k2", error="gone")],
 }
 
 

@@ -85,6 +85,7 @@ MAX_AGENT_LINE = 1 << 26
 # A download that makes no progress for this long is abandoned (a FIFO on the host, a stuck
 # server): it must not hold up a whole batch.
 SFTP_READ_TIMEOUT = 120.0
+READ_WINDOW = 8 * 1024 * 1024  # bytes of a large download asked for at once
 
 
 class _BoundedLines:
@@ -379,7 +380,10 @@ class SSHTransport:
             f = await _within(sftp.open(path, "rb"), SFTP_READ_TIMEOUT)
             try:
                 while True:
-                    chunk = await _within(f.read(CHUNK), SFTP_READ_TIMEOUT)
+                    # The first read is small (most results are); past it, a window of reads
+                    # in flight at once (asyncssh splits it): one at a time, each chunk cost a
+                    # round trip and the link sat idle between them.
+                    chunk = await _within(f.read(READ_WINDOW if total else CHUNK), SFTP_READ_TIMEOUT)
                     if not chunk:
                         break
                     total += len(chunk)
