@@ -24,6 +24,7 @@ Scenarios (``--quick`` sizes in brackets):
   6  100,000 [20,000]-line batch, 64 [16] hosts x 8 GPUs, --dry-run: wall, peak RSS, us per job
   7  the ancestor README's 4-line example on 2 GPU hosts, start to finish
   combine  scripts/bench_combine.py (100k [20k] files)
+  scale256, churn  many hosts from one coordinator: scripts/bench_scale.py (not in the default list)
 
 Results: a table on stdout and JSON in bench/results/<UTC time>-<git sha>.json (+ latest.json).
 """
@@ -54,6 +55,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.cluster import Cluster, GpuSpec, HostSpec, start_cluster  # noqa: E402
+
+sys.path.insert(0, str(REPO / "scripts"))
+from bench_scale import SCALE_SCENARIOS, scale_makers  # noqa: E402
 
 VENV_BIN = REPO / ".venv" / "bin"
 PY = str(VENV_BIN / "python")
@@ -1484,7 +1488,7 @@ def main() -> int:
         args.rounds = 1
     args.floor_channels = [int(x) for x in str(args.floor_channels).split(",") if x.strip()]
     wanted = [x.strip() for x in args.scenarios.split(",") if x.strip()]
-    valid = {"1", "2", "3", "4", "5", "6", "7", "combine"}
+    valid = {"1", "2", "3", "4", "5", "6", "7", "combine", *SCALE_SCENARIOS}
     bad = [w for w in wanted if w not in valid]
     if bad or args.rounds < 1:
         ap.error(
@@ -1560,7 +1564,8 @@ def main() -> int:
             "1": bench.scenario1, "2": bench.scenario2, "3": bench.scenario3, "4": bench.scenario4,
             "5": bench.scenario5, "6": bench.scenario6, "7": bench.scenario7, "combine": bench.scenario_combine,
         }  # fmt: skip
-        for sid in [v for v in ["1", "2", "3", "4", "5", "6", "7", "combine"] if v in wanted]:
+        makers.update(scale_makers(bench))
+        for sid in [v for v in ["1", "2", "3", "4", "5", "6", "7", "combine", *SCALE_SCENARIOS] if v in wanted]:
             if sid == "5" and bench.cluster is not None and not bench.cluster.namespaces:
                 errors[sid] = "skipped: set_latency needs the namespaced cluster (root)"
                 continue

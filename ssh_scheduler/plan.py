@@ -259,10 +259,6 @@ class Planner:
         self.probes.failed(host)
         return self._host_failed(slot, reason)
 
-    def probe_skipped(self, host: str) -> None:
-        """A :class:`Reprobe` was not run (its host was lost meanwhile)."""
-        self.probes.failed(host)
-
     def begin(self, token: str) -> list[Action]:
         """Start the batch: it opens as soon as every host answered (now, if they all did), or
         earlier after :meth:`probes_overdue`.  Opening settles each job's needs, refuses a job

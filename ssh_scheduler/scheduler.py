@@ -287,8 +287,9 @@ class Batch:
         """One re-probe the planner asked for (it keeps them coalesced and rate-limited)."""
         assert self.planner is not None
         executor = self.executors.get(host)
-        if executor is None or executor.lost is not None:
-            self.planner.probe_skipped(host)
+        if executor is None or executor.lost is not None:  # lost before any job of ours noticed
+            why = executor.lost if executor is not None else None
+            self._perform(self.planner.probe_failed(host, f"{host}: connection lost ({why or 'closed'})"))
             return
         resources = self.planner.resources(host)
         generation = resources.probe_started() if resources is not None else None
