@@ -26,6 +26,7 @@ Scenarios (``--quick`` sizes in brackets):
   combine  scripts/bench_combine.py (100k [20k] files)
   files-in, files-back, big-back  one job moving 5000 small files in / back, or one 200 MB file
      back, vs tar / cat over plain ssh (scripts/bench_files.py)
+  scale256, churn  many hosts from one coordinator: scripts/bench_scale.py (not in the default list)
 
 Results: a table on stdout and JSON in bench/results/<UTC time>-<git sha>.json (+ latest.json).
 """
@@ -60,6 +61,8 @@ import bench_files  # noqa: E402  (the file-transfer scenarios)
 from tests.cluster import Cluster, GpuSpec, HostSpec, start_cluster  # noqa: E402
 
 FILE_SCENARIOS = ("files-in", "files-back", "big-back")
+sys.path.insert(0, str(REPO / "scripts"))
+from bench_scale import SCALE_SCENARIOS, scale_makers  # noqa: E402
 
 VENV_BIN = REPO / ".venv" / "bin"
 PY = str(VENV_BIN / "python")
@@ -1501,7 +1504,7 @@ def main() -> int:
         args.rounds = 1
     args.floor_channels = [int(x) for x in str(args.floor_channels).split(",") if x.strip()]
     wanted = [x.strip() for x in args.scenarios.split(",") if x.strip()]
-    valid = {"1", "2", "3", "4", "5", "6", "7", "combine", *FILE_SCENARIOS}
+    valid = {"1", "2", "3", "4", "5", "6", "7", "combine", *FILE_SCENARIOS, *SCALE_SCENARIOS}
     bad = [w for w in wanted if w not in valid]
     if bad or args.rounds < 1:
         ap.error(
@@ -1578,7 +1581,8 @@ def main() -> int:
             "5": bench.scenario5, "6": bench.scenario6, "7": bench.scenario7, "combine": bench.scenario_combine,
         }  # fmt: skip
         makers.update(bench_files.scenarios(bench))
-        for sid in [v for v in ["1", "2", "3", "4", "5", "6", "7", "combine", *FILE_SCENARIOS] if v in wanted]:
+        makers.update(scale_makers(bench))
+        for sid in [v for v in ["1", "2", "3", "4", "5", "6", "7", "combine", *FILE_SCENARIOS, *SCALE_SCENARIOS] if v in wanted]:
             if sid == "5" and bench.cluster is not None and not bench.cluster.namespaces:
                 errors[sid] = "skipped: set_latency needs the namespaced cluster (root)"
                 continue

@@ -73,9 +73,10 @@ class Discard:
 
 @dataclass(frozen=True, slots=True)
 class Reprobe:
-    """Probe ``host`` again soon (``None``: every host), coalesced by the coordinator."""
+    """Probe ``host`` now; report with :meth:`Planner.probe_landed` or ``probe_failed`` (the
+    planner already coalesced and rate-limited these, see :mod:`ssh_scheduler.probe_schedule`)."""
 
-    host: str | None = None
+    host: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +132,10 @@ class PlanOptions:
     timeout: float | None = None
     halt: HaltPolicy = HaltPolicy()
     quarantine_after: int = 3
+    probe_interval: float = 15.0
+    """Seconds between a host's periodic probes (``--probe-interval``)."""
+    probe_gap: float = 1.0
+    """The shortest time between a host's probes asked for by job ends."""
 
 
 @dataclass(slots=True)
@@ -142,6 +147,7 @@ class HostSlot:
     failures: int = 0  # outages in a row
     quarantined: bool = False
     reviving: bool = False
+    answered: bool = False  # the first connect and probe landed or failed
 
     @property
     def usable(self) -> bool:
@@ -159,3 +165,4 @@ class JobSlot:
     started_at: float | None = None
     killing: str | None = None
     waiting_on: int = 0
+    probes_before: int = 0  # probes its host had seen when it was placed (see probe_schedule)

@@ -37,6 +37,9 @@ class BatchOptions:
     dry_run: bool = False
     accept_new: bool = False
     probe_interval: float = 15.0
+    max_connecting: int = 8
+    """Hosts connecting at once: below sshd's default ``MaxStartups 10:30:100`` (from 10
+    unauthenticated connections on, sshd starts dropping new ones)."""
     lease: float = DEFAULT_LEASE
     keepalive: float | None = None
     limits: CopyLimits = CopyLimits()

@@ -75,6 +75,7 @@ from .events import (
 )
 from .policy import Resumable
 from .probe import HostState
+from .probe_schedule import ProbeSchedule
 
 __all__ = [
     "Action",
@@ -120,7 +121,17 @@ class Planner:
         self._queues: dict[Needs, deque[str]] = {}
         self._dependents: dict[str, list[str]] = {}
         self._last_wait = ""
-        self._began = False
+        self._began = False  # BatchStarted was said: jobs may be placed
+        self._token: str | None = None  # begin() was called: open as soon as ready
+        self._overdue = False  # the coordinator stopped waiting for the slow first probes
+        self._placed_any = False
+        # Needs no answered host could ever fit (yet): refused once every host has answered.
+        self._unresolved: set[Needs] = set()
+        # Jobs an earlier run left on a host that has not answered yet: they wait for it, to be
+        # taken up there rather than started twice.
+        self._held: dict[str, list[JobSlot]] = {}
+        self._found: dict[str, Mapping[str, bool]] = {}  # agent jobs of hosts that answered early
+        self.probes = ProbeSchedule(list(self.hosts), options.probe_interval, options.probe_gap)
         done = already_done or {}
         for slot in self.jobs.values():
             for name in slot.job.after:
@@ -139,7 +150,19 @@ class Planner:
         """Nothing runs and nothing more will start."""
         if any(slot.phase is JobPhase.RUNNING for slot in self.jobs.values()):
             return False
-        return self.draining or self.halted or not any(self._queues.values())
+        if self.draining or self.halted:
+            return True
+        return not any(self._queues.values()) and not any(self._held.values())
+
+    @property
+    def began(self) -> bool:
+        """Jobs may be placed (the batch was announced)."""
+        return self._began
+
+    @property
+    def answered(self) -> bool:
+        """Every host's first connect and probe landed or failed."""
+        return all(h.answered for h in self.hosts.values())
 
     def phase(self, job: str) -> JobPhase:
         return self.jobs[job].phase
@@ -163,23 +186,45 @@ class Planner:
         ]
 
     def next_deadline(self) -> float | None:
-        """When :meth:`tick` next has something to do (a ``--timeout``), or None."""
-        if self.options.timeout is None:
-            return None
-        starts = [
-            slot.started_at
-            for slot in self.jobs.values()
-            if slot.phase is JobPhase.RUNNING and slot.started_at is not None and not slot.killing
-        ]
-        return min(starts) + self.options.timeout if starts else None
+        """When :meth:`tick` next has something to do (a ``--timeout``, a probe), or None."""
+        times = []
+        if self._began:
+            due = self.probes.next_due(self._probe_targets(), self._jobs_waiting())
+            if due is not None:
+                times.append(due)
+        if self.options.timeout is not None:
+            starts = [
+                slot.started_at
+                for slot in self.jobs.values()
+                if slot.phase is JobPhase.RUNNING and slot.started_at is not None and not slot.killing
+            ]
+            if starts:
+                times.append(min(starts) + self.options.timeout)
+        return min(times) if times else None
+
+    def _probe_targets(self) -> list[str]:
+        return [name for name, h in self.hosts.items() if h.usable]
+
+    def _jobs_waiting(self) -> bool:
+        return not (self.draining or self.paused) and any(self._queues.values())
 
     # -- the start -----------------------------------------------------------------------------
 
+    # Each host answers once at the start (its connect and probe landed or failed), in any order
+    # and at any time.  The batch opens (BatchStarted, then placements) when every host has
+    # answered, or earlier once the coordinator calls the slow ones overdue
+    # (:meth:`probes_overdue`): from then on each host takes jobs as soon as it answers.
+
     def host_unreachable(self, host: str, reason: str) -> list[Action]:
-        """Connecting failed before the batch began: the host is retried in the background."""
+        """Connecting failed at the start: the host is retried in the background."""
         slot = self.hosts[host]
         slot.down = reason
-        return [Say(HostDown(host=host, reason=reason, at_start=True))]
+        self.probes.failed(host)
+        actions: list[Action] = [Say(HostDown(host=host, reason=reason, at_start=True))]
+        if slot.answered:
+            return actions
+        slot.answered = True
+        return actions + self._host_answered(slot)
 
     def probe_landed(
         self,
@@ -187,68 +232,160 @@ class Planner:
         state: HostState,
         own: Mapping[str, OwnUsage] | None = None,
         generation: int | None = None,
+        *,
+        agent_jobs: Mapping[str, bool] | None = None,
+        now: float | None = None,
     ) -> list[Action]:
+        """A probe of ``host`` landed.  ``agent_jobs``: with a host's first probe, what its agent
+        still holds from an earlier run (see :meth:`agent_jobs_found`); ``now``: when (it times
+        the next periodic probe)."""
         slot = self.hosts[host]
+        self.probes.landed(host, now)
         if slot.resources is None:
             slot.resources = MachineResources(host, state)
         else:
             slot.resources.update(state, own or {}, generation)
-        return self._dispatch() if self._began else []
+        if slot.answered:
+            return self._dispatch() if self._began else []
+        slot.answered = True
+        if agent_jobs:
+            self._found[host] = agent_jobs
+        return self._host_answered(slot)
 
     def probe_failed(self, host: str, reason: str) -> list[Action]:
-        if not self._began:
+        slot = self.hosts[host]
+        if not slot.answered or not self._began:
             return self.host_unreachable(host, reason)
-        return self._host_failed(self.hosts[host], reason)
+        self.probes.failed(host)
+        return self._host_failed(slot, reason)
 
     def begin(self, token: str) -> list[Action]:
-        """Every host answered or failed once: settle each job's needs, refuse a job no host
-        could ever fit (before anything runs), announce the batch, start dispatching."""
-        states = [h.resources.state for h in self.hosts.values() if h.resources is not None]
+        """Start the batch: it opens as soon as every host answered (now, if they all did), or
+        earlier after :meth:`probes_overdue`.  Opening settles each job's needs, refuses a job
+        no host could ever fit (before anything runs) and announces the batch; the jobs are
+        placed by the event that opened it, or by :meth:`kick` when this call did."""
+        self._token = token
+        return self._open() if self._ready() else []
+
+    def probes_overdue(self) -> list[Action]:
+        """The coordinator waited long enough for the first probes: open with the hosts that
+        answered; each other host takes jobs when it answers."""
+        self._overdue = True
+        if self._began or not self._ready():
+            return []
+        return self._open() + self._dispatch()
+
+    def _ready(self) -> bool:
+        if self._token is None or self._began:
+            return False
+        if self.answered:
+            return True
+        return self._overdue and self._base_needs() is not None and any(h.usable for h in self.hosts.values())
+
+    def _base_needs(self) -> Needs | None:
+        """The batch's needs; None while they depend on hosts that did not answer yet."""
+        base = self.options.needs
+        if not base.gpus or self.options.gpus_explicit:
+            return base
+        if any(h.resources.state.gpus for h in self.hosts.values() if h.resources is not None):
+            return base
+        if not self.answered:
+            return None
+        # The ancestor requires a GPU by default; on a fleet without any it could never be
+        # met, so unless the user asked for GPUs it quietly becomes "no GPU".
+        return replace(base, gpus=0, gpu_memory_mb=0, gpu_utilization=0.0, reserve_gpu=False)
+
+    def _host_answered(self, slot: HostSlot) -> list[Action]:
+        if not self._began:
+            return self._open() + self._dispatch() if self._ready() else []
+        actions = self._take_up(slot.name)
+        if slot.down is not None:
+            actions += self._revive(slot)
+        return actions + self._resolve() + self._dispatch()
+
+    def _take_up(self, host: str) -> list[Action]:
+        """What ``host``'s agent holds from an earlier run, then the jobs that waited for it."""
+        found = self._found.pop(host, None)
+        actions = self.agent_jobs_found(host, found) if found else []
+        for slot in reversed(self._held.pop(host, [])):
+            if slot.phase is JobPhase.QUEUED and slot.placement is None:
+                self._enqueue(slot, front=True)
+        return actions
+
+    def _open(self) -> list[Action]:
+        base = self._base_needs()
+        assert base is not None
         usable = [h.resources for h in self.hosts.values() if h.usable and h.resources is not None]
         if not usable:
             reasons = "; ".join(f"{h.name}: {h.down}" for h in self.hosts.values())
             raise TransportError(f"no usable host ({reasons})")
-        base = self.options.needs
-        if base.gpus and not self.options.gpus_explicit and not any(s.gpus for s in states):
-            # The ancestor requires a GPU by default; on a fleet without any it could never be
-            # met, so unless the user asked for GPUs it quietly becomes "no GPU".
-            base = replace(base, gpus=0, gpu_memory_mb=0, gpu_utilization=0.0, reserve_gpu=False)
         checked: dict[Needs, bool] = {}
-        actions: list[Action] = []
         for name, slot in self.jobs.items():
             slot.needs = slot.job.needs.apply(base) if not slot.job.needs.empty else base
             fits = checked.get(slot.needs)
             if fits is None:
                 fits = checked[slot.needs] = any(m.could_ever_fit(slot.needs) for m in usable)
             if not fits:
-                every = "" if len(checked) > 1 else " (and every job of this batch)"
-                raise UnsatisfiableError(
-                    f"job {name}{every} can never run: {explain_unfit(usable, slot.needs)}; "
-                    "lower the job's needs or add a bigger machine"
-                )
+                if self.answered:
+                    raise self._never_fits(name, slot.needs, usable, only=len(checked) == 1)
+                self._unresolved.add(slot.needs)
         self._began = True
-        limits = tuple(
-            (h.label, max_concurrent(h.resources, base))
-            for h in self.hosts.values()
-            if h.usable and h.resources is not None
-        )
+        limits = tuple((h.label, max_concurrent(h.resources, base)) for h in self.hosts.values() if h.usable and h.resources is not None)
         choices = tuple(
             tuple(g.index for g in h.resources.state.gpus)
             for h in self.hosts.values()
             if h.usable and h.resources is not None
         )
-        actions.append(
-            Say(BatchStarted(token=token, jobs=self.total, hosts=tuple(self.hosts), limits=limits, gpu_choices=choices))
-        )
+        actions: list[Action] = [
+            Say(BatchStarted(token=self._token or "", jobs=self.total, hosts=tuple(self.hosts), limits=limits, gpu_choices=choices))
+        ]
         for slot in self.jobs.values():
+            entry = self.resumable.get(slot.job.name)
             if slot.phase is JobPhase.QUEUED:
-                self._enqueue(slot)
+                if entry is not None and entry.host in self.hosts and not self.hosts[entry.host].answered:
+                    self._held.setdefault(entry.host, []).append(slot)
+                else:
+                    self._enqueue(slot)
             elif slot.phase is JobPhase.NOT_RUN:
                 missing = [n for n in slot.job.after if n not in self.jobs]
                 actions.append(Say(JobNotRun(job=slot.job.name, reason=f"{missing[0]} failed in an earlier run (--retry-failed reruns it)")))
         for host in self.hosts.values():
             if host.down is not None:
                 actions += self._revive(host)
+        for name in list(self._found):
+            actions += self._take_up(name)
+        return actions
+
+    @staticmethod
+    def _never_fits(job: str, needs: Needs, usable: list[MachineResources], *, only: bool) -> UnsatisfiableError:
+        every = " (and every job of this batch)" if only else ""
+        return UnsatisfiableError(
+            f"job {job}{every} can never run: {explain_unfit(usable, needs)}; "
+            "lower the job's needs or add a bigger machine"
+        )
+
+    def _resolve(self) -> list[Action]:
+        """Needs no host fitted when the batch opened: fine once a host that fits answers;
+        once every host has answered, the jobs still unfit can never run: the batch is refused
+        if nothing was placed yet, else just those jobs are not run."""
+        if not self._unresolved:
+            return []
+        usable = [h.resources for h in self.hosts.values() if h.usable and h.resources is not None]
+        self._unresolved = {n for n in self._unresolved if not any(m.could_ever_fit(n) for m in usable)}
+        if not self._unresolved or not self.answered:
+            return []
+        actions: list[Action] = []
+        for name, slot in self.jobs.items():
+            if slot.needs not in self._unresolved or slot.phase not in (JobPhase.QUEUED, JobPhase.BLOCKED):
+                continue
+            error = self._never_fits(name, slot.needs, usable, only=False)
+            if not self._placed_any:
+                raise error
+            self._dequeue(slot)
+            slot.phase = JobPhase.NOT_RUN
+            actions.append(Say(JobNotRun(job=name, reason=str(error))))
+            actions += self._not_run_after(name)
+        self._unresolved.clear()
         return actions
 
     def dry_run(self) -> list[PlanLine]:
@@ -295,6 +432,9 @@ class Planner:
             self._dequeue(slot)
             placement = slot_host.resources.adopt(name, slot.needs, entry.gpus)
             slot.phase, slot.placement = JobPhase.RUNNING, placement
+            self._placed_any = True
+            # Its use may be in the probe that just landed: its release then calls for a probe.
+            slot.probes_before = self.probes.hosts[host].landed - 1
             actions.append(Say(JobReattached(job=name, host=host, gpus=placement.gpu_indices, running=running)))
             actions.append(StartJob(slot.job, placement, slot.attempt, resume=True))
         return actions
@@ -337,7 +477,7 @@ class Planner:
             actions += self._requeue(slot, f"host {host.name} was lost")
             return actions + self._dispatch()
         host.failures = 0
-        actions.append(Reprobe(host.name))
+        self.probes.released(host.name, slot.probes_before)
         if not ended.ok and slot.killing in (None, "timeout") and self._retry(slot):
             actions.append(
                 Say(JobRetrying(job=job, host=host.name, code=ended.code, attempt=slot.attempt, attempts=self.options.retries + 1))
@@ -394,6 +534,7 @@ class Planner:
         host = slot.placement.machine if slot.placement is not None else ""
         if slot.placement is not None and (resources := self.hosts[host].resources) is not None:
             resources.release(job)
+            self.probes.released(host, slot.probes_before)
         actions: list[Action] = [Say(JobCancelled(job=job, host=host))]
         if slot.killing == "cancel":  # this job alone (ssh-scheduler cancel): the batch goes on
             actions += self._not_run_after(job, "was cancelled")
@@ -401,11 +542,13 @@ class Planner:
         return actions
 
     def tick(self, now: float) -> list[Action]:
-        """Time passed: kill the jobs past ``--timeout``."""
+        """Time passed: kill the jobs past ``--timeout``, probe the hosts that are due."""
+        actions: list[Action] = []
+        if self._began:
+            actions += [Reprobe(h) for h in self.probes.start_due(self._probe_targets(), self._jobs_waiting(), now)]
         timeout = self.options.timeout
         if timeout is None:
-            return []
-        actions: list[Action] = []
+            return actions
         for name, slot in self.jobs.items():
             if (
                 slot.phase is JobPhase.RUNNING
@@ -435,9 +578,11 @@ class Planner:
         state: HostState,
         own: Mapping[str, OwnUsage] | None = None,
         agent_jobs: Mapping[str, bool] | None = None,
+        now: float | None = None,
     ) -> list[Action]:
         """A revived host answered again and was probed."""
         slot = self.hosts[host]
+        self.probes.landed(host, now)
         slot.reviving = False
         slot.down = None
         slot.resources = MachineResources(host, state)
@@ -527,6 +672,8 @@ class Planner:
                 queue.popleft()
                 placement = target.allocate(slot.job.name, needs)
                 slot.phase, slot.placement, slot.started_at, slot.killing = JobPhase.RUNNING, placement, None, None
+                slot.probes_before = self.probes.hosts[target.name].landed
+                self._placed_any = True
                 actions.append(
                     Say(JobPlaced(job=slot.job.name, host=target.name, gpus=placement.gpu_indices, command=slot.job.command))
                 )

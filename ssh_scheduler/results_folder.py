@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from .errors import ConfigError, TransferError, plain_text
+from .journal import JOURNAL_NAME
 
 __all__ = ["LOCK_NAME", "hold_results_folder", "refuse_planted_links"]
 
@@ -75,12 +76,23 @@ def hold_results_folder(results: Path, *, create: bool = True) -> Iterator[None]
         yield
     finally:
         # The lock file stays (removing it could let two runs hold locks on different files),
-        # unless the run left nothing else in a folder it made.
+        # unless the run left nothing else in a folder it made (a batch refused once the hosts
+        # answered has opened its journal but written nothing to it).
         with contextlib.suppress(OSError):
-            if made and os.listdir(results) == [LOCK_NAME]:
+            if made and _holds_nothing(results):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(results / JOURNAL_NAME)
                 os.unlink(path)
                 os.rmdir(results)
         os.close(fd)  # releases the lock
+
+
+def _holds_nothing(results: Path) -> bool:
+    """Only the lock, and at most an empty journal."""
+    names = set(os.listdir(results))
+    if names == {LOCK_NAME}:
+        return True
+    return names == {LOCK_NAME, JOURNAL_NAME} and (results / JOURNAL_NAME).stat().st_size == 0
 
 
 def refuse_planted_links(results: Path, names: Iterable[str]) -> None:

@@ -17,7 +17,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -38,6 +38,7 @@ from .events import (
     BatchFinished,
     Ended,
     EventBus,
+    HostDown,
     HostProbed,
     Notice,
 )
@@ -46,6 +47,7 @@ from .forward import check_forward_size, check_job_copies, describe_forward
 from .jobrun import JobRun, JobSpec, OutputFiles, job_environment
 from .journal import Journal, JournalWriter
 from .machine_env import with_setup
+from .open_files import raise_open_files_limit
 from .plan import (
     Action,
     Cleanup,
@@ -68,8 +70,12 @@ __all__ = ["Batch", "BatchOptions", "BatchSummary", "JobOutcome", "SchedulerErro
 
 log = logging.getLogger(__name__)
 
-MIN_PROBE_GAP = 1.0
 REVIVE_MAX_DELAY = 30.0
+PROBE_TIMEOUT = 30.0
+# How long the batch waits for every host's first probe before it opens with those that
+# answered: as long again as the first answer took, at least this.  Slow hosts then take
+# jobs as they answer; a short wait keeps the "machine limits" header whole on small fleets.
+PROBE_GRACE = 1.0
 
 
 class Batch:
@@ -102,10 +108,14 @@ class Batch:
         self.hasher = Hasher()
         self.forward_sets: dict[tuple[str, ...], ForwardSet] = {}
         self._changed = asyncio.Event()
-        self._reprobe = asyncio.Event()
+        self._wake_timer = asyncio.Event()
+        self._connecting = asyncio.Semaphore(max(1, options.max_connecting))
+        self._first_answer: float | None = None
+        self._hosts_started = time.monotonic()
+        self._unusable: dict[str, str] = {}  # host -> why, for hosts reached whose agent did not start
         self._tg: asyncio.TaskGroup | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._revivers: set[asyncio.Task[None]] = set()
+        self._helpers: set[asyncio.Task[None]] = set()
         self._runs: dict[str, JobRun] = {}
         self._main: asyncio.Task[object] | None = None
         self._stop_requested = 0
@@ -131,7 +141,10 @@ class Batch:
         planner = self.planner = Planner(
             selection.pending,
             [(m.name, m.source or m.name) for m in self.machines.values()],
-            PlanOptions(options.needs, options.gpus_explicit, options.retries, options.timeout, options.halt, options.quarantine_after),
+            PlanOptions(
+                options.needs, options.gpus_explicit, options.retries, options.timeout, options.halt,
+                options.quarantine_after, options.probe_interval,
+            ),
             resumable=selection.resumable,
             already_done=selection.already_done,
         )
@@ -142,11 +155,11 @@ class Batch:
             self.bus.publish(Notice(level="info", message=describe_forward(forward, options.copy_forwards, options.forward)))
         else:
             check_forward_size(forward, options.copy_forwards, options.forward)
+        raise_open_files_limit(len(self.machines))
         try:
-            await self._start_hosts()
-            actions = planner.begin(self.token)
             if options.dry_run:
-                self._perform([a for a in actions if isinstance(a, Say)])
+                await self._probe_all_dry()
+                self._perform([a for a in planner.begin(self.token) if isinstance(a, Say)])
                 for line in planner.dry_run():
                     self.bus.publish(line)
                 return self.summary
@@ -157,7 +170,7 @@ class Batch:
                 control = ControlServer(options.results_dir, batch_requests(self))
                 await control.start()
                 try:
-                    await self._drive(actions)
+                    await self._drive()
                 finally:
                     await control.close()
                     self.bus.unsubscribe(writer)
@@ -181,78 +194,114 @@ class Batch:
 
     # -- hosts ---------------------------------------------------------------------------------
 
-    async def _start_hosts(self) -> None:
-        """Connect to every host at once and probe each; a host we cannot trust or log into is
-        a configuration error before anything runs, an unreachable one is retried later."""
+    async def _probe_all_dry(self) -> None:
+        """--dry-run: one probe per host without an agent, every host before the plan."""
         assert self.planner is not None
         planner = self.planner
-        unusable: dict[str, str] = {}  # host -> why, for hosts reached whose agent did not start
 
         async def one(machine: Machine) -> None:
             try:
-                if self.options.dry_run:
+                async with self._connecting:
                     state = await probe_only(machine, accept_new=self.options.accept_new, keepalive=self.options.keepalive)
-                    self._perform(planner.probe_landed(machine.name, state))
-                    return
-                executor = await open_executor(
-                    machine, accept_new=self.options.accept_new, keepalive=self.options.keepalive,
-                    lease=self.options.lease, token=self.token,
-                )
-                self.executors[machine.name] = executor
-                log.info("connected to %s", machine.name)
             except (HostKeyError, AuthenticationError) as exc:
-                if machine.name not in str(exc):  # which of many hosts: name it
-                    raise type(exc)(f"{machine.name}: {exc}") from None
-                raise
+                raise _named(machine.name, exc) from None
             except TransportError as exc:
-                if isinstance(exc, AgentStartError):
-                    unusable[machine.name] = str(exc)
                 self._perform(planner.host_unreachable(machine.name, str(exc)))
                 return
-            await self._probe(machine.name)
+            self._perform(planner.probe_landed(machine.name, state))
 
         results = await asyncio.gather(*(one(m) for m in self.machines.values()), return_exceptions=True)
         fatal = [r for r in results if isinstance(r, BaseException)]
         if fatal:
-            for exc in fatal[1:]:
-                self.bus.publish(Notice(level="error", message=str(exc)))
-            raise fatal[0]
-        if not self.executors and not self.options.dry_run:
-            if unusable:  # reached, but unusable: the causes, not "unreachable"
-                raise TransportError(f"no host could be used, nothing was run: {'; '.join(unusable.values())}")
-            raise TransportError("no host could be reached; nothing was run")
+            raise self._report_rest(fatal)
+
+    async def _start_host(self, machine: Machine) -> None:
+        """Connect (at most ``max_connecting`` hosts at once: sshd's ``MaxStartups`` drops a
+        flood of unauthenticated connections), start the agent and probe; the planner places
+        jobs there as soon as the probe lands, whatever the other hosts do.  A host we cannot
+        trust or log into is a configuration error that ends the batch; an unreachable one is
+        retried later."""
+        assert self.planner is not None
+        planner, name = self.planner, machine.name
+        try:
+            async with self._connecting:
+                executor = await open_executor(
+                    machine, accept_new=self.options.accept_new, keepalive=self.options.keepalive,
+                    lease=self.options.lease, token=self.token,
+                )
+        except (HostKeyError, AuthenticationError) as exc:
+            raise _named(name, exc) from None
+        except TransportError as exc:
+            why = str(exc)
+            if isinstance(exc, AgentStartError):
+                self._unusable[name] = why
+            self._answer(name, lambda: planner.host_unreachable(name, why))
+            return
+        self.executors[name] = executor
+        log.info("connected to %s", name)
+        found = {n: bool(s.get("running")) for n, s in executor.agent_jobs.items()}
+        try:
+            async with asyncio.timeout(PROBE_TIMEOUT):
+                state, own = await executor.probe()
+        except (ProbeError, TransportError, TimeoutError) as exc:
+            reason = f"{executor.name}: probe failed: {exc or f'no answer in {PROBE_TIMEOUT:g} s'}"
+            self._answer(name, lambda: planner.probe_failed(name, reason))
+            return
+        self.bus.publish(HostProbed.of(name, state))
+        if self._first_answer is None:
+            self._first_answer = time.monotonic()
+            self._helper(self._grace(self._first_answer - self._hosts_started))
+        self._answer(name, lambda: planner.probe_landed(name, state, own, agent_jobs=found, now=time.time()))
+
+    async def _grace(self, first: float) -> None:
+        await asyncio.sleep(max(PROBE_GRACE, first))
+        assert self.planner is not None
+        self._perform(self.planner.probes_overdue())
+
+    def _answer(self, host: str, event: Callable[[], list[Action]]) -> None:
+        """Tell the planner how a host's start went.  The last host's answer may refuse the
+        batch (no usable host, a job no host fits): the host's own warning is still said, and
+        with no usable host the causes of hosts reached but unusable, not "unreachable"."""
+        assert self.planner is not None
+        try:
+            self._perform(event())
+        except SchedulerError as exc:
+            down = self.planner.hosts[host].down
+            if down is not None:
+                self.bus.publish(HostDown(host=host, reason=down, at_start=True))
+            if not isinstance(exc, TransportError):
+                raise
+            if self._unusable:
+                raise TransportError(f"no host could be used, nothing was run: {'; '.join(self._unusable.values())}") from None
+            if not self.executors:
+                raise TransportError("no host could be reached; nothing was run") from None
+            raise exc from None
+
+    def _report_rest(self, errors: Sequence[BaseException]) -> BaseException:
+        """The first of several errors, to raise; the others are published."""
+        for exc in errors[1:]:
+            self.bus.publish(Notice(level="error", message=str(exc)))
+        return errors[0]
 
     async def _probe(self, host: str) -> None:
+        """One re-probe the planner asked for (it keeps them coalesced and rate-limited)."""
         assert self.planner is not None
-        executor = self.executors[host]
+        executor = self.executors.get(host)
+        if executor is None or executor.lost is not None:  # lost before any job of ours noticed
+            why = executor.lost if executor is not None else None
+            self._perform(self.planner.probe_failed(host, f"{host}: connection lost ({why or 'closed'})"))
+            return
         resources = self.planner.resources(host)
         generation = resources.probe_started() if resources is not None else None
         try:
-            async with asyncio.timeout(30):
+            async with asyncio.timeout(PROBE_TIMEOUT):
                 state, own = await executor.probe()
         except (ProbeError, TransportError, TimeoutError) as exc:
-            reason = f"{executor.name}: probe failed: {exc or 'no answer in 30 s'}"
+            reason = f"{executor.name}: probe failed: {exc or f'no answer in {PROBE_TIMEOUT:g} s'}"
             self._perform(self.planner.probe_failed(host, reason))
             return
         self.bus.publish(HostProbed.of(host, state))
-        self._perform(self.planner.probe_landed(host, state, own, generation))
-
-    async def _reprobe_loop(self) -> None:
-        """Re-probe on a timer and when the planner asks (after job ends), at most once per
-        ``MIN_PROBE_GAP`` seconds, so a burst of short jobs cannot keep the hosts busy probing."""
-        while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.options.probe_interval):
-                    await self._reprobe.wait()
-            self._reprobe.clear()
-            hosts = [name for name, ex in self.executors.items() if ex.lost is None and self._host_up(name)]
-            await asyncio.gather(*(self._probe(h) for h in hosts))
-            await asyncio.sleep(MIN_PROBE_GAP)
-
-    def _host_up(self, host: str) -> bool:
-        assert self.planner is not None
-        slot = self.planner.hosts[host]
-        return slot.down is None and not slot.quarantined
+        self._perform(self.planner.probe_landed(host, state, own, generation, now=time.time()))
 
     async def _revive(self, host: str) -> None:
         """Reconnect a lost host with backoff; when it answers, tell the planner (which ends what
@@ -270,14 +319,15 @@ class Batch:
             await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, REVIVE_MAX_DELAY)
             try:
-                executor = await open_executor(
-                    self.machines[host], accept_new=self.options.accept_new, keepalive=self.options.keepalive,
-                    lease=self.options.lease, token=self.token,
-                )
+                async with self._connecting:
+                    executor = await open_executor(
+                        self.machines[host], accept_new=self.options.accept_new, keepalive=self.options.keepalive,
+                        lease=self.options.lease, token=self.token,
+                    )
             except TransportError:
                 continue
             try:
-                async with asyncio.timeout(30):
+                async with asyncio.timeout(PROBE_TIMEOUT):
                     state, own = await executor.probe()
             except (ProbeError, TransportError, TimeoutError):
                 with contextlib.suppress(Exception):
@@ -285,7 +335,8 @@ class Batch:
                 continue
             self.executors[host] = executor
             self.bus.publish(HostProbed.of(host, state))
-            self._perform(planner.host_back(host, state, own, {n: bool(s.get("running")) for n, s in executor.agent_jobs.items()}))
+            found = {n: bool(s.get("running")) for n, s in executor.agent_jobs.items()}
+            self._perform(planner.host_back(host, state, own, found, now=time.time()))
             return
         planner.revive_gave_up(host)
 
@@ -303,38 +354,42 @@ class Batch:
 
     # -- the loop ------------------------------------------------------------------------------
 
-    async def _drive(self, first: list[Action]) -> None:
+    async def _drive(self) -> None:
         assert self.planner is not None
         planner = self.planner
-        async with asyncio.TaskGroup() as tg:
-            self._tg = tg
-            helpers = [tg.create_task(self._reprobe_loop()), tg.create_task(self._timer())]
-            self._perform(first)
-            for host, executor in list(self.executors.items()):
-                found = {n: bool(s.get("running")) for n, s in executor.agent_jobs.items()}
-                if found:
-                    self._perform(planner.agent_jobs_found(host, found))
-            self._perform(planner.kick())
-            if self._stop_requested:
-                self._perform(planner.stop())
-            while not (planner.done and not self._tasks):
-                self._changed.clear()
-                await self._changed.wait()
-            for task in [*helpers, *self._revivers]:  # hosts still being revived are not needed
-                task.cancel()
-            self._tg = None
+        try:
+            async with asyncio.TaskGroup() as tg:
+                self._tg = tg
+                helpers = [tg.create_task(self._timer())]
+                self._hosts_started = time.monotonic()
+                self._perform(planner.begin(self.token))
+                starting = [tg.create_task(self._start_host(m)) for m in self.machines.values()]
+                if self._stop_requested:
+                    self._perform(planner.stop())
+                # Hosts still connecting when everything is done are not needed.
+                while not (planner.done and not self._tasks and (planner.began or planner.draining)):
+                    self._changed.clear()
+                    await self._changed.wait()
+                for task in [*helpers, *starting, *self._helpers]:
+                    task.cancel()
+                self._tg = None
+        except BaseExceptionGroup as group:
+            raise self._report_rest(_leaves(group)) from None
 
     async def _timer(self) -> None:
-        """Wakes the planner at its next deadline (``--timeout``)."""
+        """Wakes the planner at its next deadline (``--timeout``, a host's next probe)."""
         assert self.planner is not None
         while True:
+            self._wake_timer.clear()
             deadline = self.planner.next_deadline()
-            if deadline is None:
-                self._changed.clear()
-                await self._changed.wait()
+            delay = None if deadline is None else deadline - time.time()
+            if delay is None or delay > 0:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await self._wake_timer.wait()
                 continue
-            await asyncio.sleep(max(0.0, deadline - time.time()))
             self._perform(self.planner.tick(time.time()))
+            await asyncio.sleep(0)
 
     def _perform(self, actions: Sequence[Action]) -> None:
         for action in actions:
@@ -351,13 +406,10 @@ class Batch:
                     task = self._tasks.get(name)
                     if task is not None:
                         task.cancel()
-                case Reprobe():
-                    self._reprobe.set()
+                case Reprobe(host=host):
+                    self._helper(self._probe(host))
                 case Revive(host=host):
-                    assert self._tg is not None
-                    reviver = self._tg.create_task(self._revive(host))
-                    self._revivers.add(reviver)
-                    reviver.add_done_callback(self._revivers.discard)
+                    self._helper(self._revive(host))
                 case Cleanup(host=host, job=name):
                     self._spawn(None, self._cleanup(host, name))
                 case StopBatch():
@@ -367,6 +419,14 @@ class Batch:
                 case Commit() | Discard():
                     raise AssertionError(f"{action} is handled by the job's own task")
         self._changed.set()
+        self._wake_timer.set()
+
+    def _helper(self, coro: Coroutine[Any, Any, None]) -> None:
+        """A task the batch does not wait for at its end (a probe, a reviver, a timer)."""
+        assert self._tg is not None
+        task = self._tg.create_task(coro)
+        self._helpers.add(task)
+        task.add_done_callback(self._helpers.discard)
 
     def _spawn(self, name: str | None, coro: Coroutine[Any, Any, None]) -> None:
         assert self._tg is not None
@@ -489,6 +549,18 @@ class Batch:
             )
         )
         return summary
+
+
+def _named(host: str, exc: HostKeyError | AuthenticationError) -> BaseException:
+    """Which of many hosts: name it."""
+    return exc if host in str(exc) else type(exc)(f"{host}: {exc}")
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    found: list[BaseException] = []
+    for exc in group.exceptions:
+        found += _leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc]
+    return found
 
 
 async def run_batch(

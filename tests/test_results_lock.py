@@ -96,8 +96,11 @@ def test_a_folder_made_for_nothing_is_removed_again(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError), hold_results_folder(results):
         raise RuntimeError("the run stopped before its first job")
     assert not results.exists()
-    with hold_results_folder(results):
+    with hold_results_folder(results):  # a batch refused once its hosts answered
         (results / JOURNAL_NAME).write_text("")
+    assert not results.exists()
+    with hold_results_folder(results):
+        (results / JOURNAL_NAME).write_text('{"job": "b.sh.1", "state": "queued"}\n')
     assert sorted(os.listdir(results)) == [JOURNAL_NAME, LOCK_NAME]
     with hold_results_folder(tmp_path / "dry", create=False):
         pass

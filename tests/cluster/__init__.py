@@ -7,6 +7,7 @@ Namespaced mode (root; the default when possible)
     * host *i* lives in network namespace ``sshs-<cid>-h<i>``, connected by a veth pair to
       bridge ``sshs<cid>`` (10.213.(57+slot).1/24) in the root namespace, and is reached at
       ``10.213.(57+slot).(10+i):22``; the first live cluster gets slot 0 = 10.213.57.0/24.
+      Hosts past the 240th (up to 480) are ``10.214.(57+slot).(10+i-240)`` on the same bridge.
     * sshd runs under a tiny init (``host_init.py``) that is PID 1 of the host's own PID
       namespace, inside its own mount/UTS/IPC namespaces.  ``crash()`` SIGKILLs that init:
       every process of the host dies at once.  ``stop_sshd()`` only stops the listener.

@@ -30,6 +30,16 @@ SSHD = "/usr/sbin/sshd"
 HERE = Path(__file__).resolve().parent
 SUBNET_BASE = 57  # cluster slot k uses 10.213.(57+k).0/24; the first cluster gets 10.213.57.0/24
 MAX_SLOTS = 64
+# Hosts beyond the first 240 of a cluster live in 10.214.(57+k).0/24 on the same bridge (and
+# 127.0.1.x in loopback mode): a /24 holds no more.
+HOSTS_PER_NET = 240
+MAX_HOSTS = 2 * HOSTS_PER_NET
+
+
+def _host_net(index: int) -> tuple[int, int]:
+    """(which /24 of the cluster, last octet) of host ``index`` (1-based)."""
+    second = index > HOSTS_PER_NET
+    return int(second), 10 + index - HOSTS_PER_NET * second
 DEFAULT_GPU_NAME = "NVIDIA H100 80GB HBM3"
 CLEAN_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -375,12 +385,14 @@ class Host:
         self._latency: tuple[float, float] | None = None
         data = data or {}
         if cluster.namespaces:
-            self.ip = f"10.213.{SUBNET_BASE + cluster.slot}.{10 + index}"
+            net, octet = _host_net(index)
+            self.ip = f"10.{213 + net}.{SUBNET_BASE + cluster.slot}.{octet}"
             self.port = 22
             self.user = f"{PREFIX}_{cid}_{self.name}"
             self.home = self.dir / "home"
         else:
-            self.ip = f"127.0.0.{10 + index}"
+            net, octet = _host_net(index)
+            self.ip = f"127.0.{net}.{octet}"
             self.port = int(data.get("port", 0))
             self.user = pwd.getpwuid(os.getuid()).pw_name
             self.home = Path(pwd.getpwuid(os.getuid()).pw_dir)
@@ -1640,8 +1652,8 @@ def start_cluster(
             raise ValueError(f"host name {n!r} must match {_NAME_RE.pattern}")
     if len(set(names)) != len(names):
         raise ValueError("host names must be unique")
-    if len(specs) > 200:
-        raise ValueError("at most 200 hosts")
+    if len(specs) > MAX_HOSTS:
+        raise ValueError(f"at most {MAX_HOSTS} hosts")
     if namespaces and not _host_python().startswith("/usr/"):
         raise Unsupported("hosts need a python3 every user can run: install Debian package python3")
 
@@ -1699,6 +1711,8 @@ def start_cluster(
                 _run(["ip", "link", "set", br, "addrgenmode", "none"])
                 _run(["ip", "link", "set", br, "alias", alias])
                 _run(["ip", "addr", "add", f"10.213.{SUBNET_BASE + slot}.1/24", "dev", br])
+                if len(specs) > HOSTS_PER_NET:
+                    _run(["ip", "addr", "add", f"10.214.{SUBNET_BASE + slot}.1/24", "dev", br])
                 _run(["ip", "link", "set", br, "up"])
         if not persistent:
             _LIVE.append(cluster)
@@ -1787,7 +1801,7 @@ def start_cluster(
         # boot
         for h in hosts:
             h._launch()
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + max(timeout, 0.25 * len(hosts))  # hundreds boot slower
         for h in hosts:
             h._wait_ready(max(1.0, deadline - time.monotonic()))
         cluster._save()

@@ -1,0 +1,223 @@
+"""Benchmark scenarios for many hosts from one coordinator (hooked into scripts/bench_run.py).
+
+  scale256  256 test hosts (a cluster of its own): connect + probe + one job each (--reserve,
+            and each job waits until every host runs one: a barrier in the cluster's folder, so
+            no host can take a second); wall, the time until the last job started, coordinator
+            peak RSS, and how long the cluster took to start
+  churn     2000 [500] x ``true`` on 4, 16 and 32 hosts (one simulated GPU each, so every probe
+            runs nvidia-smi): coordinator CPU ms/job, hosts' CPU ms/job, probes run per host
+            (counted on the hosts: their nvidia-smi logs each call)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tests.cluster import Cluster, GpuSpec, HostSpec, start_cluster
+
+if TYPE_CHECKING:
+    from bench_run import Bench, Cmd, Run, Scenario
+
+SCALE_SCENARIOS = ("scale256", "churn")
+NO_NEEDS = ("--no-gpu-required", "--num-cpus", "0.001", "--memory-required", "1")
+
+
+def barrier_job(folder: Path, hosts: int) -> str:
+    """A job that ends once ``hosts`` jobs (one per host) have started: each marks its host in
+    ``folder``; the one that sees them all opens the barrier for every job."""
+    return (
+        f"touch {folder}/$(hostname); [ $(ls {folder} | wc -l) -lt {hosts} ] || touch {folder}/.open; "
+        f"until [ -e {folder}/.open ]; do sleep 0.5; done\n"
+    )
+
+
+def _start_times(results: Path) -> list[float]:
+    """When each job started (epoch seconds), from the batch journal."""
+    times = []
+    for journal in results.glob(".journal*"):
+        for line in journal.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError, TypeError, AttributeError):
+                record = json.loads(line)
+                if record.get("state") == "started":
+                    times.append(float(record["t"]))
+    return times
+
+
+def scale_makers(bench: Bench) -> dict[str, Callable[[], Scenario]]:
+    return {"scale256": lambda: scenario_scale256(bench), "churn": lambda: scenario_churn(bench)}
+
+
+def _own_cluster(bench: Bench, specs: list[HostSpec], info: dict[str, Any], key: str) -> Cluster:
+    """Start a cluster for one scenario in the bench's second cluster slot (its hosts' CPU is
+    then counted per run), noting how long it took."""
+    from bench_run import log
+
+    t0 = time.monotonic()
+    cluster = start_cluster(specs, timeout=600)
+    info.update(hosts=len(specs), start_s=round(time.monotonic() - t0, 1))
+    bench.cluster_info[key] = info
+    bench.gpu_cluster = cluster
+    log(f"{key} cluster up: {len(specs)} hosts in {info['start_s']} s")
+    return cluster
+
+
+def _stop_own(bench: Bench, info: dict[str, Any]) -> None:
+    if bench.gpu_cluster is not None:
+        t0 = time.monotonic()
+        bench.gpu_cluster.stop()
+        bench.gpu_cluster = None
+        info["stop_s"] = round(time.monotonic() - t0, 1)
+
+
+def _batch_cmd(bench: Bench, cwd: Path, lines: str, hosts: list[str], *extra: str) -> Cmd:
+    from bench_run import VENV_BIN, Cmd
+
+    assert bench.gpu_cluster is not None
+    (cwd / "batch").write_text(lines)
+    argv = [
+        str(VENV_BIN / "execute_batch"), "batch", "--machines",
+        *bench.machines(hosts, bench.gpu_cluster), *extra,
+    ]  # fmt: skip
+    return Cmd(argv, cwd, env=bench.env)
+
+
+def _finished_hosts(cwd: Path) -> Counter[str]:
+    from bench_run import journal_summary
+
+    placed, _first, _last = journal_summary(cwd / "job_results")
+    return Counter(placed)
+
+
+def scenario_scale256(bench: Bench) -> Scenario:
+    from bench_run import SSH_TOOL, Group, Scenario, Tool
+
+    hosts = 256
+    info: dict[str, Any] = {}
+
+    def prepare() -> None:
+        _own_cluster(bench, [HostSpec(cpus=2) for _ in range(hosts)], info, "scale256")
+
+    def make(cwd: Path) -> Cmd:
+        assert bench.gpu_cluster is not None
+        barrier = bench.gpu_cluster.base / "barrier"
+        shutil.rmtree(barrier, ignore_errors=True)
+        barrier.mkdir()
+        barrier.chmod(0o1777)  # every host's user marks itself there
+        names = [h.name for h in bench.gpu_cluster.hosts]
+        return _batch_cmd(bench, cwd, barrier_job(barrier, hosts) * hosts, names, *NO_NEEDS, "--reserve", "--quiet")
+
+    def verify(cmd: Cmd, run: Run) -> None:
+        from bench_run import journal_summary
+
+        placed, _first, _last = journal_summary(cmd.cwd / "job_results")
+        starts = _start_times(cmd.cwd / "job_results")
+        run.extra.update(
+            hosts_used=len(placed),
+            most_jobs_on_a_host=max(placed.values(), default=0),
+            last_job_started_s=round(max(starts) - run.extra["_t0_epoch"], 2) if starts else None,
+            peak_rss_per_host_kb=round(run.maxrss_mb * 1024 / hosts),
+        )
+        if run.ok and (len(starts) != hosts or len(placed) != hosts):
+            run.ok, run.note = False, f"{len(starts)} jobs started, {len(placed)} hosts used (want {hosts} each)"
+
+    def finish() -> None:
+        for r in s.tools[0].good():
+            s.notes.append(
+                f"wall {r.wall:.1f} s, last job started after "
+                f"{r.extra['last_job_started_s']} s, coordinator peak RSS {r.maxrss_mb:.0f} MB "
+                f"({r.extra['peak_rss_per_host_kb']} KB per host), CPU {r.cpu_s:.1f} s"
+            )
+        _stop_own(bench, info)
+        s.notes.append(f"cluster of {hosts} hosts: started in {info.get('start_s')} s, stopped in {info.get('stop_s')} s")
+
+    s = Scenario(
+        "scale256",
+        f"{hosts} hosts: connect + probe + one job each (--reserve)",
+        [Group([Tool(SSH_TOOL, make, verify, hosts, "ssh_scheduler")])],
+        params={"hosts": hosts},
+        prepare=prepare,
+        finish=finish,
+    )
+    return s
+
+
+def _count_probes(cluster: Cluster) -> None:
+    """Wrap each host's nvidia-smi so that it notes every call in the host's home."""
+    for host in cluster.hosts:
+        real = host.dir / "bin" / "nvidia-smi.real"
+        (host.dir / "bin" / "nvidia-smi").rename(real)
+        wrapper = host.dir / "bin" / "nvidia-smi"
+        wrapper.write_text(f'#!/bin/sh\necho "$*" >> ~/nvidia-smi.calls\nexec {real} "$@"\n')
+        wrapper.chmod(0o755)
+
+
+def _probes(cluster: Cluster, names: list[str]) -> list[int]:
+    counts = []
+    for host in cluster.hosts:
+        if host.name in names:
+            calls = host.home / "nvidia-smi.calls"
+            text = calls.read_text() if calls.exists() else ""
+            counts.append(sum("--query-gpu" in line for line in text.splitlines()))
+            calls.unlink(missing_ok=True)
+    return counts
+
+
+def scenario_churn(bench: Bench) -> Scenario:
+    from bench_run import SSH_TOOL, Group, Scenario, Tool
+
+    jobs = 500 if bench.quick else 2000
+    sizes = (4, 16, 32)
+    info: dict[str, Any] = {}
+
+    def prepare() -> None:
+        cluster = _own_cluster(bench, [HostSpec(cpus=4, gpus=[GpuSpec(memory_mb=16000)]) for _ in range(max(sizes))], info, "churn")
+        _count_probes(cluster)
+
+    def tool(size: int) -> Tool:
+        def make(cwd: Path) -> Cmd:
+            assert bench.gpu_cluster is not None
+            _probes(bench.gpu_cluster, [h.name for h in bench.gpu_cluster.hosts])  # start from zero
+            names = [h.name for h in bench.gpu_cluster.hosts[:size]]
+            return _batch_cmd(bench, cwd, "true\n" * jobs, names, *NO_NEEDS, "--quiet")
+
+        def verify(cmd: Cmd, run: Run) -> None:
+            assert bench.gpu_cluster is not None
+            probes = _probes(bench.gpu_cluster, [h.name for h in bench.gpu_cluster.hosts[:size]])
+            run.extra.update(
+                coordinator_cpu_ms_per_job=round(run.cpu_s * 1000 / jobs, 2),
+                hosts_cpu_ms_per_job=round(run.hosts_cpu_s * 1000 / jobs, 2),
+                probes_per_host_max=max(probes, default=0),
+                probes_per_host_mean=round(sum(probes) / max(1, len(probes)), 2),
+            )
+            done = sum(_finished_hosts(cmd.cwd).values())
+            if run.ok and done != jobs:
+                run.ok, run.note = False, f"{done} of {jobs} jobs placed"
+
+        return Tool(f"{SSH_TOOL} {size} hosts", make, verify, jobs, "ssh_scheduler")
+
+    def finish() -> None:
+        for t in s.tools:
+            for r in t.good():
+                s.notes.append(
+                    f"{t.name}: coordinator {r.extra['coordinator_cpu_ms_per_job']} ms/job, hosts "
+                    f"{r.extra['hosts_cpu_ms_per_job']} ms/job, probes per host max "
+                    f"{r.extra['probes_per_host_max']} (mean {r.extra['probes_per_host_mean']})"
+                )
+        _stop_own(bench, info)
+
+    s = Scenario(
+        "churn",
+        f"{jobs} x true on 4, 16 and 32 hosts: CPU per job and probes per host",
+        [Group([tool(n)]) for n in sizes],
+        params={"jobs": jobs, "hosts": list(sizes)},
+        prepare=prepare,
+        finish=finish,
+    )
+    return s

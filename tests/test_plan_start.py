@@ -1,0 +1,152 @@
+"""The planner's start and probing with plain values: hosts answering one by one, a slow one
+never holding back the others, and probes bounded however many jobs turn over."""
+
+from __future__ import annotations
+
+import pytest
+
+from ssh_scheduler.allocate import Needs, NeedsOverride, OwnUsage
+from ssh_scheduler.batch import Job
+from ssh_scheduler.errors import UnsatisfiableError
+from ssh_scheduler.events import BatchStarted, Ended, JobNotRun, JobReattached
+from ssh_scheduler.plan import Action, Commit, Planner, PlanOptions, Reprobe, Say, StartJob
+from ssh_scheduler.policy import Resumable
+from ssh_scheduler.probe import GpuProcess, GpuState, HostState
+
+CPU = Needs(cpus=1, memory_mb=100, gpus=0, gpu_memory_mb=0, reserve_gpu=False)
+
+
+def state(cpus: int = 2, gpus: int = 0, processes: tuple[GpuProcess, ...] = ()) -> HostState:
+    cards = tuple(GpuState(i, f"G{i}", "sim", 16000, 0, 15520, 0.0) for i in range(gpus))
+    return HostState(cpus, 0.0, 16000, 12000, cards, processes)
+
+
+def batch(count: int) -> list[Job]:
+    return [Job(f"j{i}", "true", i + 1) for i in range(count)]
+
+
+def hosts(count: int) -> list[tuple[str, str]]:
+    return [(f"h{i}", f"h{i}") for i in range(count)]
+
+
+def starts(actions: list[Action]) -> list[StartJob]:
+    return [a for a in actions if isinstance(a, StartJob)]
+
+
+def said(actions: list[Action], kind: type) -> list:  # type: ignore[type-arg]
+    return [a.event for a in actions if isinstance(a, Say) and isinstance(a.event, kind)]
+
+
+def end(plan: Planner, name: str) -> list[Action]:
+    plan.job_started(name, 0.0)
+    actions = plan.job_exited(name, Ended(0))
+    assert Commit(name) in actions
+    return actions + plan.job_committed(name, Ended(0))
+
+
+def test_the_batch_waits_for_every_host_unless_the_slow_ones_are_overdue() -> None:
+    plan = Planner(batch(8), hosts(3), PlanOptions(CPU))
+    assert plan.begin("t") == []
+    assert plan.probe_landed("h0", state(), now=0.0) == []  # h1, h2 still probing
+    opened = plan.probes_overdue()
+    assert said(opened, BatchStarted)[0].limits == (("h0", 2),)
+    assert {s.placement.machine for s in starts(opened)} == {"h0"}
+    # h1 answers while h2 still hangs: it takes jobs at once.
+    assert {s.placement.machine for s in starts(plan.probe_landed("h1", state(), now=1.0))} == {"h1"}
+    assert starts(plan.host_unreachable("h2", "probe timed out")) == []  # nothing left to place there
+
+
+def test_all_hosts_answering_opens_the_batch_with_every_host() -> None:
+    plan = Planner(batch(3), hosts(2), PlanOptions(CPU))
+    plan.begin("t")
+    assert plan.probe_landed("h0", state(), now=0.0) == []
+    actions = plan.probe_landed("h1", state(), now=0.0)
+    assert dict(said(actions, BatchStarted)[0].limits) == {"h0": 2, "h1": 2}
+    assert len(starts(actions)) == 3
+
+
+def test_the_default_gpu_waits_for_a_gpu_host_or_for_every_host() -> None:
+    default = PlanOptions(Needs(cpus=1, memory_mb=100))  # one GPU each, not asked for explicitly
+    plan = Planner(batch(2), hosts(3), default)
+    plan.begin("t")
+    plan.probe_landed("h0", state(), now=0.0)
+    assert plan.probes_overdue() == []  # h0 has no GPU: maybe h1 or h2 has; the needs wait
+    actions = plan.probe_landed("h1", state(gpus=1), now=0.0)
+    assert [s.placement.gpu_indices for s in starts(actions)] == [(0,)]  # GPU jobs, on h1
+    cpu_only = Planner(batch(2), hosts(2), default)
+    cpu_only.begin("t")
+    cpu_only.probe_landed("h0", state(), now=0.0)
+    cpu_only.probes_overdue()
+    actions = cpu_only.host_unreachable("h1", "gone")
+    assert [s.placement.gpu_indices for s in starts(actions)] == [(), ()]  # no GPU anywhere: none
+
+
+def test_a_job_no_answered_host_fits_waits_for_the_others_then_is_refused_or_not_run() -> None:
+    big = Job("big", "x", 9, needs=NeedsOverride(cpus=8))
+    plan = Planner([*batch(1), big], hosts(2), PlanOptions(CPU))
+    plan.begin("t")
+    plan.probe_landed("h0", state(cpus=2), now=0.0)
+    assert [s.job.name for s in starts(plan.probes_overdue())] == ["j0"]
+    ended = plan.host_unreachable("h1", "gone")  # the last host answered: big never fits
+    assert "can never run" in said(ended, JobNotRun)[0].reason and not starts(ended)
+    end(plan, "j0")
+    assert plan.done
+    # Nothing placed yet when the last host answers: the batch is refused as before.
+    refused = Planner([big], hosts(2), PlanOptions(CPU))
+    refused.begin("t")
+    refused.probe_landed("h0", state(cpus=2), now=0.0)
+    refused.probes_overdue()
+    with pytest.raises(UnsatisfiableError, match=r"job big .*can never run"):
+        refused.host_unreachable("h1", "gone")
+    # A host that fits answers later: the job runs there.
+    fits = Planner([big], hosts(2), PlanOptions(CPU))
+    fits.begin("t")
+    fits.probe_landed("h0", state(cpus=2), now=0.0)
+    fits.probes_overdue()
+    assert [s.placement.machine for s in starts(fits.probe_landed("h1", state(cpus=16), now=0.0))] == ["h1"]
+
+
+def test_a_job_left_running_on_a_slow_host_waits_for_it_instead_of_starting_twice() -> None:
+    plan = Planner(batch(2), hosts(2), PlanOptions(CPU), resumable={"j0": Resumable("j0", "h1", ())})
+    plan.begin("t")
+    plan.probe_landed("h0", state(), now=0.0)
+    assert [s.job.name for s in starts(plan.probes_overdue())] == ["j1"]
+    back = plan.probe_landed("h1", state(), now=0.0, agent_jobs={"j0": True})
+    assert [e.job for e in said(back, JobReattached)] == ["j0"]
+    assert [(s.job.name, s.resume) for s in starts(back)] == [("j0", True)]
+
+
+def test_thousands_of_short_jobs_cost_no_probes_and_periodic_probes_stay_periodic() -> None:
+    plan = Planner(batch(2000), hosts(4), PlanOptions(CPU, probe_interval=15.0, probe_gap=1.0))
+    plan.begin("t")
+    running = []
+    for i in range(4):
+        running += starts(plan.probe_landed(f"h{i}", state(), now=0.0))
+    probes = 0
+    now = 0.0
+    while running:
+        job = running.pop(0)
+        running += starts(end(plan, job.job.name))
+        now += 0.001  # a thousand jobs a second
+        probes += sum(isinstance(a, Reprobe) for a in plan.tick(now))
+    assert probes == 0  # 2 s in, no probe saw a job run: every release was exact
+    assert plan.next_deadline() == 15.0  # the periodic ones
+
+
+def test_a_release_a_probe_saw_asks_one_probe_per_gap_while_jobs_wait() -> None:
+    plan = Planner(batch(40), hosts(1), PlanOptions(CPU, probe_interval=15.0, probe_gap=1.0))
+    plan.begin("t")
+    running = starts(plan.probe_landed("h0", state(), now=0.0))
+    assert len(running) == 2
+    assert plan.tick(15.0) == [Reprobe("h0")]  # periodic
+    assert plan.tick(15.5) == []  # in flight: never two at once
+    seen = {s.job.name: OwnUsage(frozenset({100 + i}), rss_mb=500) for i, s in enumerate(running)}
+    plan.probe_landed("h0", state(), seen, now=16.0)  # it saw both jobs running
+    for job in running:
+        end(plan, job.job.name)  # their memory is still counted: a probe must credit it
+    assert plan.next_deadline() == 17.0  # one gap after the last probe
+    assert plan.tick(16.5) == []
+    assert plan.tick(17.0) == [Reprobe("h0")]
+    assert plan.tick(17.0) == []  # coalesced: both releases, one probe
+    plan.probe_landed("h0", state(), now=17.2)
+    assert plan.next_deadline() == 17.2 + 15.0  # nothing stale any more: periodic only
