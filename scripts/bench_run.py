@@ -299,6 +299,10 @@ class Tool:
             )
             if self.jobs:
                 d["jobs_per_s"] = round(self.jobs / med, 1)
+                # The per-job CPU budget on both sides (start-up included), so a regression shows
+                # as a number even when the shared machine's walls are noisy.
+                d["client_ms_per_job"] = round(d["median_client_cpu_s"] / self.jobs * 1000, 3)
+                d["hosts_ms_per_job"] = round(d["median_hosts_cpu_s"] / self.jobs * 1000, 3)
         d["failed_runs"] = len(self.runs) - len(good)
         return d
 
@@ -402,14 +406,25 @@ class Bench:
         if args.ref:
             self.code_root = export_ref(args.ref, self.root / "code")
             self.env["PYTHONPATH"] = str(self.code_root)
+        # An installed package has its bytecode; the measured tree, run where
+        # PYTHONDONTWRITEBYTECODE=1 is set, would compile ~40 modules at every start (~0.09 s of
+        # CPU) that no user pays: compile them once, as pip does at install.
+        subprocess.run(
+            [PY, "-m", "compileall", "-q", str(self.code_root / "ssh_scheduler")],
+            check=False,
+            capture_output=True,
+        )
 
     # ----- cluster
     def start_small_cluster(self) -> Cluster:
-        # h1..h16: 4 CPUs, 16 GiB (12000 MiB available), no GPU -- except h15, h16 with 2 GPUs
-        # (scenario 7: the ancestor's example ran on a 2-GPU machine).
-        specs = [HostSpec(cpus=4) for _ in range(14)] + [
-            HostSpec(cpus=4, gpus=[GpuSpec(), GpuSpec()]) for _ in range(2)
-        ]
+        # h1..h32: 4 CPUs, 16 GiB (12000 MiB available), no GPU -- except h15, h16 with 2 GPUs
+        # (scenario 7: the ancestor's example ran on a 2-GPU machine); h17..h32 for scenario 4's
+        # 32-host fan-out.
+        specs = (
+            [HostSpec(cpus=4) for _ in range(14)]
+            + [HostSpec(cpus=4, gpus=[GpuSpec(), GpuSpec()]) for _ in range(2)]
+            + [HostSpec(cpus=4) for _ in range(16)]
+        )
         t0 = time.monotonic()
         cluster = start_cluster(specs, timeout=60)
         self.cluster_info["small"] = {
@@ -713,8 +728,9 @@ class Bench:
             med = s.tool(SSH_TOOL).median()
             return [
                 Target(
-                    f"wall <= ideal {ideal:.1f} s + 0.5 s", SSH_TOOL, med, ideal + 0.5, False, " s"
-                )
+                    f"wall <= ideal {ideal:.1f} s + 0.3 s", SSH_TOOL, med, ideal + 0.3, False, " s"
+                ),
+                first_job_target(s.tool(SSH_TOOL)),
             ]
 
         return Scenario(
@@ -888,56 +904,96 @@ class Bench:
 
     def scenario4(self) -> Scenario:
         assert self.cluster is not None
-        names = [f"h{i}" for i in range(1, 17)]
-        hosts = [self.host(n) for n in names]
-        ssh_opts = self.cluster.hosts[0].ssh_argv()[
-            1:-3
-        ]  # the wrapper's options (strict host keys)
+        cluster = self.cluster
+        ssh_opts = cluster.hosts[0].ssh_argv()[1:-3]  # the wrapper's options (strict host keys)
 
-        def ssh(cwd: Path) -> Cmd:
-            argv = [str(VENV_BIN / "execute_to"), "--machines", *self.machines(names), "hostname"]
-            return Cmd(argv, cwd, env=self.env)
+        def names(n: int) -> list[str]:
+            return [f"h{i}" for i in range(1, n + 1)]
+
+        def ssh(n: int) -> Callable[[Path], Cmd]:
+            def cmd(cwd: Path) -> Cmd:
+                argv = [
+                    str(VENV_BIN / "execute_to"),
+                    "--machines",
+                    *self.machines(names(n)),
+                    "hostname",
+                ]
+                return Cmd(argv, cwd, env=self.env)
+
+            return cmd
+
+        def fanout(n: int) -> Callable[[Path], Cmd]:
+            def cmd(cwd: Path) -> Cmd:
+                hosts = [
+                    f"{h}={self.host(h).user}@{self.host(h).ip}:{self.host(h).port}"
+                    for h in names(n)
+                ]
+                argv = [PY, str(REPO / "scripts" / "bench_fanout.py"), "hostname", *hosts,
+                        "--key", str(cluster.key_path), "--known-hosts", str(cluster.known_hosts)]  # fmt: skip
+                return Cmd(argv, cwd, env=self.env)
+
+            return cmd
 
         def pdsh(cwd: Path) -> Cmd:
             env = dict(self.env)
             env["PDSH_RCMD_TYPE"] = "ssh"
             env["PDSH_SSH_ARGS"] = " ".join([*ssh_opts, "-l%u", "%h"])
-            w = ",".join(f"{h.user}@{h.ip}" for h in hosts)
+            w = ",".join(f"{self.host(h).user}@{self.host(h).ip}" for h in names(16))
             return Cmd(["pdsh", "-R", "ssh", "-f", "32", "-w", w, "hostname"], cwd, env=env)
 
-        tools = [
-            Tool(
-                SSH_TOOL + " execute_to",
-                ssh,
-                self.verify_lines(16),
-                16,
-                "ssh_scheduler",
-                profile_argv=self.profile_argv,
-            ),
-            Tool("pdsh -R ssh", pdsh, self.verify_lines(16), 16),
-        ]
+        ssh16 = Tool(
+            SSH_TOOL + " execute_to",
+            ssh(16),
+            self.verify_lines(16),
+            16,
+            "ssh_scheduler",
+            profile_argv=self.profile_argv,
+        )
+        fan16 = Tool("asyncssh fan-out (16 hosts)", fanout(16), self.verify_lines(16), 16, "floor")
+        ssh32 = Tool(
+            SSH_TOOL + " execute_to (32 hosts)", ssh(32), self.verify_lines(32), 32, "ssh_scheduler"
+        )
+        fan32 = Tool("asyncssh fan-out (32 hosts)", fanout(32), self.verify_lines(32), 32, "floor")
+        peer = Tool("pdsh -R ssh", pdsh, self.verify_lines(16), 16)
+        tools = [ssh16, fan16, peer, ssh32, fan32]
+
+        def ratio(a: Tool, b: Tool) -> float | None:
+            x, y = a.median(), b.median()
+            return x / y if x and y else None
 
         def targets(s: Scenario) -> list[Target]:
-            a, b = tools[0].median(), tools[1].median()
             return [
                 Target(
-                    "execute_to wall <= 0.6 x pdsh",
-                    tools[1].name,
-                    a / b if a and b else None,
-                    0.6,
+                    "execute_to wall <= 0.6 x pdsh", peer.name, ratio(ssh16, peer), 0.6, False, "x"
+                ),
+                Target(
+                    "execute_to wall <= 1.3 x fan-out, 16 hosts",
+                    fan16.name,
+                    ratio(ssh16, fan16),
+                    1.3,
                     False,
                     "x",
-                )
+                ),
+                Target(
+                    "execute_to wall <= 1.3 x fan-out, 32 hosts",
+                    fan32.name,
+                    ratio(ssh32, fan32),
+                    1.3,
+                    False,
+                    "x",
+                ),
             ]
 
         return Scenario(
             "4",
-            "hostname on 16 hosts: execute_to vs pdsh",
+            "hostname on 16 and 32 hosts: execute_to vs pdsh and a raw-asyncssh fan-out (scripts/bench_fanout.py)",
             [Group([t]) for t in tools],
-            {"hosts": 16, "pdsh_fanout": 32},
+            {"hosts": [16, 32], "pdsh_fanout": 32},
             targets,
             notes=[
-                "pdsh uses PDSH_SSH_ARGS = the cluster wrapper's options (StrictHostKeyChecking=yes, cluster known_hosts)"
+                "pdsh uses PDSH_SSH_ARGS = the cluster wrapper's options (StrictHostKeyChecking=yes, cluster known_hosts)",
+                "the fan-out floor: one process, asyncssh connections to every host at once, conn.run, print; "
+                "measured whole (interpreter start and import asyncssh included), like execute_to",
             ],
         )
 
@@ -1081,8 +1137,8 @@ class Bench:
             if self.gpu_fallback:
                 s.notes.append("FALLBACK: " + self.gpu_fallback)
             return [
-                Target("wall <= 3 s", SSH_TOOL, a, 3.0, False, " s"),
-                Target("peak RSS <= 300 MB", SSH_TOOL, rss, 300.0, False, " MB"),
+                Target("wall <= 2 s", SSH_TOOL, a, 2.0, False, " s"),
+                Target("peak RSS <= 150 MB", SSH_TOOL, rss, 150.0, False, " MB"),
             ]
 
         return Scenario(
@@ -1134,7 +1190,10 @@ class Bench:
         tools = [main, Tool("execute_batch --help (start-up only)", startup, kind="info")]
 
         def targets(s: Scenario) -> list[Target]:
-            return [Target("start to finish <= 1.5 s", SSH_TOOL, main.median(), 1.5, False, " s")]
+            return [
+                Target("start to finish <= 0.4 s", SSH_TOOL, main.median(), 0.4, False, " s"),
+                first_job_target(main),
+            ]
 
         return Scenario(
             "7",
@@ -1309,20 +1368,29 @@ def tcp_rtt_ms(hosts: Sequence[Any]) -> float:
     return round(statistics.median(times), 2) if times else -1.0
 
 
+def first_job_target(tool: Tool) -> Target:
+    """Launch to the first job running (the journal's first start against the process start)."""
+    starts = [
+        r.extra["first_job_started_s"] for r in tool.good() if "first_job_started_s" in r.extra
+    ]
+    median = statistics.median(starts) if starts else None
+    return Target("launch to first job running <= 0.3 s", tool.name, median, 0.3, False, " s")
+
+
 def s1_targets(s: Scenario, ssh_name: str) -> list[Target]:
     ssh = s.tool(ssh_name)
     ssh_med = ssh.median()
-    out: list[Target] = []
+    out: list[Target] = [first_job_target(ssh)]
     floors = [t for t in s.tools if t.kind == "floor" and t.median()]
     if floors:
         best = min(floors, key=lambda t: t.median() or 1e9)
         fm = best.median()
         out.append(
             Target(
-                "jobs/s >= 0.5 x floor's (best floor)",
+                "jobs/s >= 1.0 x floor's (best floor)",
                 best.name,
                 (fm / ssh_med) if ssh_med and fm else None,
-                0.5,
+                1.0,
                 True,
                 "x",
             )
@@ -1332,10 +1400,10 @@ def s1_targets(s: Scenario, ssh_name: str) -> list[Target]:
         pm = par[0].median()
         out.append(
             Target(
-                ">= 8 x faster than parallel",
+                ">= 10 x faster than parallel",
                 par[0].name,
                 pm / ssh_med if pm and ssh_med else None,
-                8.0,
+                10.0,
                 True,
                 "x",
             )
@@ -1647,6 +1715,15 @@ def main() -> int:
         if cpu:
             extras.append(
                 "CPU client+hosts, medians (machine busy, all tenants): " + "; ".join(cpu)
+            )
+        per_job = [
+            f"{t.name} {st['client_ms_per_job']:.2f} + {st['hosts_ms_per_job']:.2f}"
+            for t in s.tools
+            if "client_ms_per_job" in (st := t.stats())
+        ]
+        if per_job:
+            extras.append(
+                "CPU per job, ms, coordinator + hosts (start-up included): " + "; ".join(per_job)
             )
         phases = []
         for t in s.tools:

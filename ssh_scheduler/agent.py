@@ -449,10 +449,7 @@ class Agent(object):
         self.contain()
         self.spawning += 1
         try:
-            transport, _ = await loop.subprocess_exec(
-                lambda: protocol, *self.shell, "-c", req.cmd, cwd=req.cwd, env=env,
-                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, start_new_session=True)
+            transport = await self.spawn(loop, protocol, req.cmd, req.cwd, env)
         except (OSError, subprocess.SubprocessError) as exc:
             self.spawning -= 1
             protocol.close_files()
@@ -489,6 +486,26 @@ class Agent(object):
         self.jobs_changed()
         if job.subscribed:
             self.send_exit(job)
+
+    async def spawn(self, loop, protocol, cmd, cwd, env):
+        """Start ``bash --norc -c cmd``, or the program itself where that is the same
+        (IO.without_shell); an exec the kernel refuses is bash's to run (and to explain)."""
+        direct = IO.without_shell(cmd, cwd, env) if self.shell[0] == "/bin/bash" else None
+        if direct is not None:
+            argv, program, direct_env = direct
+            try:
+                transport, _ = await loop.subprocess_exec(
+                    lambda: protocol, *argv, executable=program, cwd=cwd, env=direct_env,
+                    stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE, start_new_session=True)
+                return transport
+            except OSError:
+                pass
+        transport, _ = await loop.subprocess_exec(
+            lambda: protocol, *self.shell, "-c", cmd, cwd=cwd, env=env,
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, start_new_session=True)
+        return transport
 
     def send_exit(self, job):
         entries = None

@@ -27,16 +27,16 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from .config import Machine
 from .errors import ConfigError, SchedulerError
-from .executors import AgentExecutor
 from .hostlist import fold
-from .jobrun import JobRun, JobSpec, job_environment
 from .runner import DEFAULT_LEASE, HostSession
-from .transfer import ForwardSet, Hasher, collect_forward
 from .transport import Transport, connect
+
+if TYPE_CHECKING:  # the files path imports them when used: ~35 ms of every plain start
+    from .transfer import ForwardSet
 
 LineSink = Callable[[str], None]
 T = TypeVar("T")
@@ -284,29 +284,30 @@ class _Capture:
 # parses the one POSIX line below, through ``exec /bin/sh -c``, and reads ~/.bashrc once.
 KILL_GRACE = 2.0
 _WATCHDOG = """\
-import os,signal,subprocess,sys,threading,time
+import os,signal,sys,_thread,time
 sh=['/bin/bash','--norc'] if os.path.exists('/bin/bash') else ['/bin/sh']
-p=subprocess.Popen(sh+['-c',sys.argv[1]],stdin=subprocess.DEVNULL,start_new_session=True)
-gone=threading.Event()
+g=float(sys.argv[2]);done=_thread.allocate_lock();done.acquire();gone=[]
+d=[s for s in (signal.SIGPIPE,getattr(signal,'SIGXFSZ',None)) if s]
+try:p=os.posix_spawn(sh[0],sh+['-c',sys.argv[1]],os.environ,file_actions=[(os.POSIX_SPAWN_OPEN,0,os.devnull,os.O_RDONLY,0)],setsid=True,setsigdef=d)
+except (AttributeError,TypeError,NotImplementedError):
+ import subprocess;p=subprocess.Popen(sh+['-c',sys.argv[1]],stdin=subprocess.DEVNULL,start_new_session=True).pid
 def watch():
     try:
         while os.read(0,65536):pass
     except OSError:pass
-    gone.set()
-    try:os.killpg(p.pid,signal.SIGTERM)
-    except OSError:return
-    end=time.monotonic()+float(sys.argv[2])
-    while time.monotonic()<end:
-        time.sleep(0.05)
-        try:os.killpg(p.pid,0)
-        except OSError:return
-    try:os.killpg(p.pid,signal.SIGKILL)
+    gone.append(1)
+    try:
+        os.killpg(p,signal.SIGTERM)
+        end=time.monotonic()+g
+        while time.monotonic()<end:
+            time.sleep(0.05);os.killpg(p,0)
+        os.killpg(p,signal.SIGKILL)
     except OSError:pass
-t=threading.Thread(target=watch,daemon=True)
-t.start()
-c=p.wait()
-if gone.is_set():t.join(float(sys.argv[2])+1)
-sys.exit(128-c if c<0 else c)
+    done.release()
+_thread.start_new_thread(watch,())
+s=os.waitpid(p,0)[1]
+if gone:done.acquire(True,g+1)
+sys.exit(128+os.WTERMSIG(s) if os.WIFSIGNALED(s) else os.WEXITSTATUS(s))
 """
 
 
@@ -356,6 +357,8 @@ async def execute_to(
         machines = [dataclasses.replace(m, connect_timeout=options.connect_timeout) for m in machines]
     forward: ForwardSet | None = None
     if options.copy_forwards:
+        from .transfer import Hasher, collect_forward
+
         forward = await asyncio.to_thread(
             collect_forward, options.copy_forwards, options.base_dir, Hasher()
         )
@@ -460,6 +463,9 @@ async def _run_with_files(
 ) -> int:
     """Send the files into a fresh job directory and run the command there, through the same
     per-job pipeline as a batch job (its folder is removed afterwards, also when cancelled)."""
+    from .executors import AgentExecutor
+    from .jobrun import JobRun, JobSpec, job_environment
+
     async with HostSession(transport, lease=options.lease) as session:
         executor = AgentExecutor(transport, session)
         name = f"execute_to.{secrets.token_hex(4)}"

@@ -75,6 +75,10 @@ class Output(Protocol):
 class OutputFiles:
     """``job_results/<job>.out`` / ``.err``, plus any live sinks (execute_remote's terminal).
 
+    A file is created at the stream's first byte: most jobs of a big batch print nothing, and
+    two file creations per job were the coordinator's largest per-job cost (event loop blocked in
+    open(2) on a busy disk).  A job that printed nothing on a stream leaves no file for it; an
+    earlier attempt's file is still emptied at :meth:`open`, so what is there is this attempt's.
     Opened without following links: a planted symlink is refused, never written through.
     """
 
@@ -83,26 +87,54 @@ class OutputFiles:
     append: bool = False
     mirror: dict[int, list[int]] = field(default_factory=dict)
     _fds: dict[int, int] = field(default_factory=dict)
+    _refusals: dict[int, str] = field(default_factory=dict)
 
     def open(self) -> None:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if self.append else os.O_TRUNC)
-        for fd, suffix in ((1, ".out"), (2, ".err")):
-            path = self.results_dir / f"{self.name}{suffix}"
+        """Check both files now (a link in the way fails the job before it runs) and empty an
+        earlier attempt's; creating a missing one waits for its first byte (:meth:`write`)."""
+        for fd in (1, 2):
             try:
-                self._fds[fd] = os.open(path, flags, 0o644)
+                self._open(fd, create=self.append)
+            except FileNotFoundError:
+                pass  # nothing there: created on the first byte
             except OSError as exc:
                 self.close()
-                raise TransferError(
-                    f"cannot write {path}: {exc.strerror}"
-                    + (" (a symbolic link is in the way: remove it)" if path.is_symlink() else "")
-                ) from None
+                raise self._refused(fd, exc) from None
+
+    def _path(self, fd: int) -> Path:
+        return self.results_dir / f"{self.name}{'.out' if fd == 1 else '.err'}"
+
+    def _open(self, fd: int, *, create: bool) -> None:
+        flags = os.O_WRONLY | os.O_NOFOLLOW | (os.O_APPEND if self.append else os.O_TRUNC)
+        self._fds[fd] = os.open(self._path(fd), flags | (os.O_CREAT if create else 0), 0o644)
+
+    def _refused(self, fd: int, exc: OSError) -> TransferError:
+        path = self._path(fd)
+        return TransferError(
+            f"cannot write {path}: {exc.strerror}"
+            + (" (a symbolic link is in the way: remove it)" if path.is_symlink() else "")
+        )
 
     @property
     def offsets(self) -> tuple[int, int]:
-        return os.fstat(self._fds[1]).st_size, os.fstat(self._fds[2]).st_size
+        return self._size(1), self._size(2)
+
+    def _size(self, fd: int) -> int:
+        if fd in self._fds:
+            return os.fstat(self._fds[fd]).st_size
+        return 0  # open() found no file (the append mode creates both): nothing received yet
 
     def write(self, fd: int, data: bytes) -> None:
-        os.write(self._fds[fd], data)
+        if fd not in self._fds and fd not in self._refusals:
+            try:
+                self._open(fd, create=True)
+            except OSError as exc:
+                # Raising here would end the host's reader (every job on it "lost"): this
+                # stream's file is dropped, said once; the terminal mirror still gets it all.
+                self._refusals[fd] = str(self._refused(fd, exc))
+                log.warning("%s: %s; this output is not kept", self.name, self._refusals[fd])
+        if fd in self._fds:
+            os.write(self._fds[fd], data)
         for target in self.mirror.get(fd, ()):
             os.write(target, data)
 

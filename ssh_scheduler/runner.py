@@ -99,6 +99,7 @@ class HostSession:
         self._tasks: list[asyncio.Task[None]] = []
         self._write_lock = asyncio.Lock()
         self._outbox: list[bytes] = []
+        self._outbox_size = 0  # bytes in _outbox (summing it per send was quadratic in a burst)
         self.lost: str | None = None
         self._refusal = ""  # why the agent refused to start, in its own words
         self._agent_ended = False  # its output ended (not: the link broke, it spoke nonsense)
@@ -159,22 +160,22 @@ class HostSession:
         (one SSH packet instead of one per job when a thousand jobs start at once)."""
         if self.lost is not None or self.agent is None:
             raise ConnectionLostError(f"{describe(self.machine)}: {self.lost or 'not started'}")
-        self._outbox.append(message.encode())
+        data = message.encode()
+        self._outbox.append(data)
+        self._outbox_size += len(data)
         if len(self._outbox) == 1:
             asyncio.get_running_loop().call_soon(self._flush)
-        if self._outbox_bytes() > 1 << 20:
+        if self._outbox_size > 1 << 20:
             self._flush()
             async with self._write_lock:
                 await self.agent.drain()
-
-    def _outbox_bytes(self) -> int:
-        return sum(len(chunk) for chunk in self._outbox) if len(self._outbox) > 64 else 0
 
     def _flush(self) -> None:
         if not self._outbox or self.agent is None:
             return
         data = b"".join(self._outbox)
         self._outbox.clear()
+        self._outbox_size = 0
         try:
             self.agent.write(data)
         except Exception as exc:  # the channel closed under us: the reader will say why

@@ -181,7 +181,8 @@ def test_hostile_commands_run_verbatim(cluster4: Cluster, tmp_path: Path) -> Non
     results = tmp_path / "job_results"
 
     def out(line_number: int) -> bytes:
-        return (results / f"{batch_name}.{line_number}.out").read_bytes()
+        path = results / f"{batch_name}.{line_number}.out"  # none for a job that printed nothing
+        return path.read_bytes() if path.exists() else b""
 
     for number, payload in enumerate(PAYLOADS, start=1):
         assert out(number) == (payload + "\n").encode(), f"line {number}: {payload[:80]!r}"
@@ -225,7 +226,7 @@ def test_hostile_job_names_are_data(cluster4: Cluster, tmp_path: Path) -> None:
     for name in VALID_NAMES:
         assert (results / f"{name}.out").read_text() == name + "\n"
         assert os.listdir(results / name) == ["made"]
-        expected |= {name, f"{name}.out", f"{name}.err"}
+        expected |= {name, f"{name}.out"}  # silent on stderr: no .err
     assert set(os.listdir(results)) == expected
     assert sorted(os.listdir(tmp_path)) == ["job_results", "names.sh"]
     no_pwn_anywhere(host, tmp_path)

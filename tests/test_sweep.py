@@ -392,14 +392,14 @@ def test_debug_runs_the_first_combination_with_its_output_on_the_console(tmp_pat
 
 def test_no_param_dir_run_on_this_machine(tmp_path: Path) -> None:
     (tmp_path / "s.yaml").write_text(
-        "template:\n  run: echo {file} > {_output}/{file}.done\n---\nfile: [a, b]\n"
+        "template:\n  run: echo {file} > {_output}/{file}.done; echo ran {file}\n---\nfile: [a, b]\n"
     )
     result = local_cli(tmp_path, "sweep", "s.yaml", "--no-param-dir", "--results-dir", "out", *LOCAL)
     assert result.returncode == 0, result.stderr
     out = tmp_path / "out"
     assert (out / "a.done").read_text() == "a\n" and (out / "b.done").read_text() == "b\n"
     assert json.loads((out / "file_a.stat.json").read_text())["run"]["code"] == 0
-    assert (out / "file_b.run.out").is_file()
+    assert (out / "file_b.run.out").read_text() == "ran b\n"  # the log, named for the combination
     assert "warning: --results-dir out lies inside --copy-forwards .: every job" in result.stderr
     table = local_cli(tmp_path, "results", "out", "--tsv")
     assert table.stdout.splitlines() == ["name\tfile\tstate", "file_a\ta\tdone", "file_b\tb\tdone"]

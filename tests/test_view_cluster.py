@@ -267,7 +267,8 @@ def test_pause_cancel_and_resume_a_running_batch(cluster4: Cluster, tmp_path: Pa
     results = tmp_path / "job_results"
     states = journal_states(results)
     assert [e["state"] for e in states if e["job"] == "b.sh.1"][-1] == "cancelled"
-    assert "woke" not in (results / "b.sh.1.out").read_text()  # really killed, not waited for
+    printed = results / "b.sh.1.out"  # there only if the job printed before it was killed
+    assert "woke" not in (printed.read_text() if printed.exists() else "")  # really killed, not waited for
     assert not sock.exists()
     gone = cli(tmp_path, "pause")
     assert gone.returncode == 2 and "no batch is running in job_results" in gone.stderr

@@ -73,6 +73,7 @@ from .hostkeys import accept_new_host_key as accept_new_host_key
 from .hostkeys import host_key_entry_exists as host_key_entry_exists
 from .hostkeys import known_hosts_name as known_hosts_name
 from .hostkeys import unknown_key_message as unknown_key_message
+from .loading import import_asyncssh
 from .local import LocalTransport, _pump
 
 # --- ssh -----------------------------------------------------------------------------------------
@@ -151,6 +152,7 @@ class SSHTransport:
     async def connect(
         cls, machine: Machine, *, accept_new: bool = False, keepalive: float | None = None
     ) -> SSHTransport:
+        import_asyncssh()  # before anything here imports it: see loading.py
         client_keys, left_to_agent = _load_client_keys(machine)
         known = KnownHosts(known_hosts_files(machine))
         options: dict[str, Any] = {
