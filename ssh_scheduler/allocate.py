@@ -96,6 +96,9 @@ __all__ = [
 
 _NO_USAGE: Mapping[str, OwnUsage] = MappingProxyType({})
 _NO_FIT: tuple[float, tuple[int, ...]] = (-math.inf, ())
+QUEUE_SCORE = -10.0
+"""Where a queue's scores start (``HostState.job_slots``): below any host's, whose headroom
+fractions stay above -1 even overloaded."""
 
 
 class MachineResources:
@@ -428,6 +431,12 @@ class MachineResources:
         """
         if needs is not self._cache_needs:
             self._cache_score, self._cache_gpus = self._evaluate(needs)
+            slots = self._state.job_slots
+            if slots is not None and self._cache_score > -math.inf:
+                # A batch system's queue (Slurm): it judges fit itself; we keep at most `slots`
+                # jobs there, and only after every host with room (so always below their scores).
+                free = slots - len(self._running)
+                self._cache_score = QUEUE_SCORE + (free - 1) / slots if free > 0 else -math.inf
             self._cache_needs = needs
         return self._cache_score
 
@@ -507,6 +516,12 @@ class MachineResources:
             raise ValueError(f"job {job_id!r} already holds resources on {self.name}")
         if needs is not self._cache_needs:
             self._cache_score, self._cache_gpus = self._evaluate(needs)
+            slots = self._state.job_slots
+            if slots is not None and self._cache_score > -math.inf:
+                # A batch system's queue (Slurm): it judges fit itself; we keep at most `slots`
+                # jobs there, and only after every host with room (so always below their scores).
+                free = slots - len(self._running)
+                self._cache_score = QUEUE_SCORE + (free - 1) / slots if free > 0 else -math.inf
             self._cache_needs = needs
         if self._cache_score == -math.inf:
             raise NoFit(f"{job_id} does not fit on {self.name} now: {self._why_not(needs)}")

@@ -19,6 +19,7 @@ import random
 import time
 from collections.abc import Coroutine, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from .batch import Job
@@ -41,6 +42,7 @@ from .events import (
     HostProbed,
     Notice,
 )
+from .executor_slurm import SlurmExecutor, open_slurm_executor
 from .executors import Executor, open_executor, probe_only
 from .forward import check_forward_size, check_job_copies, describe_forward
 from .jobrun import JobRun, JobSpec, OutputFiles, job_environment
@@ -194,10 +196,7 @@ class Batch:
                     state = await probe_only(machine, accept_new=self.options.accept_new, keepalive=self.options.keepalive)
                     self._perform(planner.probe_landed(machine.name, state))
                     return
-                executor = await open_executor(
-                    machine, accept_new=self.options.accept_new, keepalive=self.options.keepalive,
-                    lease=self.options.lease, token=self.token,
-                )
+                executor = await self._open(machine)
                 self.executors[machine.name] = executor
                 log.info("connected to %s", machine.name)
             except (HostKeyError, AuthenticationError) as exc:
@@ -221,6 +220,14 @@ class Batch:
             if unusable:  # reached, but unusable: the causes, not "unreachable"
                 raise TransportError(f"no host could be used, nothing was run: {'; '.join(unusable.values())}")
             raise TransportError("no host could be reached; nothing was run")
+
+    async def _open(self, machine: Machine) -> Executor:
+        """Connect to a host: through our agent, or to Slurm through a login node's agent."""
+        opener = open_executor if machine.slurm is None else partial(open_slurm_executor, settings=machine.slurm)
+        return await opener(
+            machine, accept_new=self.options.accept_new, keepalive=self.options.keepalive,
+            lease=self.options.lease, token=self.token,
+        )
 
     async def _probe(self, host: str) -> None:
         assert self.planner is not None
@@ -270,10 +277,7 @@ class Batch:
             await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, REVIVE_MAX_DELAY)
             try:
-                executor = await open_executor(
-                    self.machines[host], accept_new=self.options.accept_new, keepalive=self.options.keepalive,
-                    lease=self.options.lease, token=self.token,
-                )
+                executor = await self._open(self.machines[host])
             except TransportError:
                 continue
             try:
@@ -422,6 +426,8 @@ class Batch:
         output = OutputFiles(
             options.results_dir, name, append=start.resume, mirror={1: [1], 2: [2]} if options.echo_output else {}
         )
+        if isinstance(executor, SlurmExecutor):  # sbatch asks for the job's needs and --time
+            executor.needs[name], executor.timeouts[name] = planner.jobs[name].needs, options.timeout
         run = self._runs[name] = JobRun(executor, spec, output)
         try:
             try:

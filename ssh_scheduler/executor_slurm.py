@@ -1,0 +1,341 @@
+"""A Slurm cluster as a place to run jobs: its login node, reached over SSH through our agent.
+
+Inputs go once into the cluster's shared filesystem through the login node (the agent's
+content-addressed cache, as on any host); each job is one ``sbatch`` whose batch script runs
+the command in the job's folder, Slurm writes its output next to that folder, and we stream it
+home while the job runs, then bring its results back as from any host.  Slurm picks the nodes and
+sets ``CUDA_VISIBLE_DEVICES``; the planner sees the machine as a queue of ``max_queued`` slots.
+
+Slurm tells a client nothing by itself (no event stream to a submitter: ``strigger`` is for
+administrators and fires programs on the controller), so following jobs needs polling.  It is
+bounded: ONE query per interval for the whole machine (``slurm.poll_command``: squeue for every
+job of ours, scontrol for those that just ended, and the new output of every running job), never
+one per job, and none at all while nothing of ours is in Slurm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from . import slurm as S
+from .allocate import OwnUsage
+from .config import Machine
+from .errors import ConnectionLostError, TransportError
+from .executors import AgentExecutor, OutputSink, open_executor
+from .needs import Needs
+from .probe import GpuState, HostState
+from .runner import JobExit
+from .transfer import CopyBackReport, CopyLimits, ForwardSet
+
+__all__ = ["SlurmExecutor", "open_slurm_executor"]
+
+log = logging.getLogger(__name__)
+
+QUERY_FAILURES_TOLERATED = 5
+"""Status queries in a row that may fail (slurmctld restarting, a timeout) before the jobs are
+given up as lost."""
+
+
+@dataclass(slots=True)
+class _Tracked:
+    """One job of ours in Slurm."""
+
+    name: str
+    slurm_id: str
+    jobdir: str
+    on_output: OutputSink
+    offsets: list[int]
+    done: asyncio.Future[JobExit]
+    ended: S.JobStatus | None = None
+    state: str = "PENDING"
+    missing: int = 0  # queries in a row that did not show it
+
+
+class SlurmExecutor:
+    """Jobs through ``sbatch`` on a login node (see the module docstring)."""
+
+    def __init__(self, inner: AgentExecutor, settings: S.SlurmSettings, token: str) -> None:
+        self.inner = inner
+        self.machine = inner.machine
+        self.settings = settings
+        self.token = token
+        self.submitted: dict[str, str] = {}  # job -> Slurm job id, of this batch
+        self.found: dict[str, tuple[str, S.JobStatus]] = {}  # left by an earlier coordinator
+        self._tracked: dict[str, _Tracked] = {}
+        self._poller: asyncio.Task[None] | None = None
+        self._failures = 0
+        self.needs: dict[str, Needs] = {}
+        self.timeouts: dict[str, float | None] = {}
+
+    # -- the Executor interface, delegated ---------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def lost(self) -> str | None:
+        return self.inner.lost
+
+    @property
+    def agent_jobs(self) -> dict[str, dict[str, Any]]:
+        """Jobs of this batch an earlier coordinator submitted and Slurm still knows."""
+        return {job: {"running": not status.done} for job, (_id, status) in self.found.items()}
+
+    @property
+    def bytes_sent(self) -> int:
+        return self.inner.bytes_sent
+
+    @property
+    def files_sent(self) -> int:
+        return self.inner.files_sent
+
+    def jobdir(self, token: str, job: str) -> str:
+        return self.inner.jobdir(token, job)
+
+    async def stage(self, forward: ForwardSet) -> tuple[list[tuple[str, str]], list[str]]:
+        return await self.inner.stage(forward)
+
+    async def fetch(
+        self,
+        job: str,
+        jobdir: str,
+        dest: Any,
+        paths: tuple[str, ...] | None,
+        limits: CopyLimits,
+        entries: object,
+    ) -> CopyBackReport:
+        return await self.inner.fetch(job, jobdir, dest, paths, limits, entries)
+
+    async def sweep(self, prefix: str) -> None:
+        await self.inner.sweep(prefix)
+
+    # -- probing: the queue, not the cluster's resources -----------------------------------
+
+    async def probe(self) -> tuple[HostState, dict[str, OwnUsage]]:
+        """A queue of ``max_queued`` slots.  The resources are placeholders big enough for any
+        job (Slurm judges fit, and refuses at submit what could never run)."""
+        text, rc, _own = await self.inner.session.probe(self._sh("squeue --version 2>&1"))
+        if rc != 0:
+            raise TransportError(
+                f"{self.name}: squeue does not run on the login node: {text.strip()[-200:]}"
+            )
+        slots = self.settings.max_queued
+        gpus = tuple(
+            GpuState(i, f"slurm-slot-{i}", "Slurm", 1 << 30, 0, 1 << 30, 0.0)
+            for i in range(min(slots * 8, 4096))
+        )
+        state = HostState(
+            cpu_count=slots * 256, load_1m=0.0, mem_total_mb=slots << 30, mem_available_mb=slots << 30,
+            gpus=gpus, job_slots=slots,
+        )  # fmt: skip
+        return state, {}
+
+    def _sh(self, command: str) -> str:
+        prefix = self.settings.command_prefix
+        return f"{prefix}\n{command}" if prefix else command
+
+    # -- running -------------------------------------------------------------------------------
+
+    async def run(
+        self,
+        job: str,
+        command: str,
+        *,
+        jobdir: str,
+        env: dict[str, str],
+        on_output: OutputSink,
+        stage: tuple[list[tuple[str, str]], list[str]] | None,
+        results: list[str] | None,
+        keep_output: bool = True,
+        max_output: int | None = None,
+    ) -> JobExit:
+        """Submit the job and follow it to its end.  Cancelling this scancels it."""
+        needs = self.needs.get(job, Needs())
+        session = self.inner.session
+        try:
+            await session.stage(jobdir, *(stage or ([], [])))
+        except ConnectionLostError as exc:
+            return JobExit(None, host_lost=True, message=str(exc))
+        argv = S.sbatch_argv(
+            self.settings,
+            name=S.job_name(self.token, job),
+            jobdir=jobdir,
+            needs=needs,
+            timeout=self.timeouts.get(job),
+        )
+        script = S.batch_script(command, env, gpus=needs.gpus)
+        try:
+            out, rc, _ = await session.probe(
+                S.submit_command(self.settings, argv, script), timeout=120
+            )
+        except ConnectionLostError as exc:
+            return JobExit(None, host_lost=True, message=str(exc))
+        slurm_id = S.parse_submitted(out) if rc == 0 else None
+        if slurm_id is None:
+            said = " ".join(out.split())[-400:] or f"exit status {rc}"
+            on_output(2, f"ssh_scheduler: sbatch refused it: {said}\n".encode())
+            return JobExit(1, message=f"sbatch refused it: {said}")
+        self.submitted[job] = slurm_id
+        log.info("submitted: %s is Slurm job %s on %s", job, slurm_id, self.name)
+        return await self._follow(job, slurm_id, jobdir, on_output, (0, 0))
+
+    async def resume(self, job: str, offsets: tuple[int, int], on_output: OutputSink) -> JobExit:
+        """Follow a job an earlier coordinator submitted (found in squeue by its name)."""
+        slurm_id, _status = self.found.pop(job)
+        self.submitted[job] = slurm_id
+        return await self._follow(job, slurm_id, self.jobdir(self.token, job), on_output, offsets)
+
+    async def _follow(
+        self, job: str, slurm_id: str, jobdir: str, on_output: OutputSink, offsets: tuple[int, int]
+    ) -> JobExit:
+        tracked = _Tracked(
+            job,
+            slurm_id,
+            jobdir,
+            on_output,
+            list(offsets),
+            asyncio.get_running_loop().create_future(),
+        )
+        self._tracked[job] = tracked
+        self._start_poller()
+        try:
+            return await asyncio.shield(tracked.done)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._scancel([slurm_id]))
+            raise
+        finally:
+            self._tracked.pop(job, None)
+
+    async def kill(self, job: str) -> None:
+        slurm_id = self.submitted.get(job)
+        if slurm_id is not None:
+            await self._scancel([slurm_id])
+
+    async def _scancel(self, ids: list[str]) -> None:
+        out, rc, _ = await self.inner.session.probe(
+            S.scancel_command(self.settings, ids), timeout=60
+        )
+        if rc != 0:
+            log.warning("%s: scancel %s: %s", self.name, " ".join(ids), out.strip())
+
+    async def remove(self, jobdir: str, job: str | None = None, *, wait: bool = True) -> None:
+        if job is not None and job in self.found:  # a leftover of an earlier run: stop it too
+            slurm_id, status = self.found.pop(job)
+            if not status.done:
+                await self._scancel([slurm_id])
+        await self.inner.remove(jobdir, job, wait=wait)
+
+    async def close(self) -> None:
+        try:
+            if self._poller is not None:
+                self._poller.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._poller
+            live = [t.slurm_id for t in self._tracked.values() if not t.done.done()]
+            if live and self.lost is None:  # a coordinator that stops leaves nothing queued
+                with contextlib.suppress(TransportError, TimeoutError):
+                    await self._scancel(live)
+        finally:
+            await self.inner.close()
+
+    # -- following: one query per interval for every job ---------------------------------------
+
+    async def find_earlier(self) -> None:
+        """What this batch's token already has in Slurm (a rerun after a killed coordinator)."""
+        reply = await self._query([], [])
+        prefix = S.job_name(self.token, "")
+        for entry in reply.queue.values():
+            if entry.name.startswith(prefix) and "_" not in entry.job_id:
+                job = entry.name[len(prefix) :]
+                self.found[job] = (entry.job_id, S.status_of(entry.state, None, entry.reason))
+
+    async def _query(self, ids: list[str], reads: list[tuple[str, str, int]]) -> S.PollReply:
+        out, _rc, _ = await self.inner.session.probe(
+            S.poll_command(self.settings, ids, reads), timeout=120
+        )
+        try:
+            return S.parse_poll_reply(out)
+        except (ValueError, KeyError) as exc:
+            raise TransportError(f"{self.name}: the Slurm status query failed: {exc}") from None
+
+    def _start_poller(self) -> None:
+        if self._poller is None or self._poller.done():
+            self._poller = asyncio.get_running_loop().create_task(self._poll_loop())
+
+    async def _poll_loop(self) -> None:
+        await asyncio.sleep(0.2)  # jobs submitted together are seen by one query
+        while self._tracked:
+            try:
+                await self._poll_once()
+                self._failures = 0
+            except ConnectionLostError as exc:
+                self._end_all(JobExit(None, host_lost=True, message=str(exc)))
+                return
+            except TransportError as exc:
+                self._failures += 1
+                log.warning("%s", exc)
+                if self._failures > QUERY_FAILURES_TOLERATED:
+                    self._end_all(JobExit(None, host_lost=True, message=str(exc)))
+                    return
+            await asyncio.sleep(self.settings.poll_interval)
+
+    def _end_all(self, exit_: JobExit) -> None:
+        for tracked in self._tracked.values():
+            if not tracked.done.done():
+                tracked.done.set_result(exit_)
+
+    async def _poll_once(self) -> None:
+        jobs = list(self._tracked.values())
+        reads = []
+        for t in jobs:
+            reads.append((f"{t.name}\x001", f"{t.jobdir}.out", t.offsets[0]))
+            reads.append((f"{t.name}\x002", f"{t.jobdir}.err", t.offsets[1]))
+        reply = await self._query([t.slurm_id for t in jobs if t.ended is None], reads)
+        for t in jobs:
+            full = False
+            for fd in (1, 2):
+                data = reply.data.get(f"{t.name}\x00{fd}", b"")
+                if data:
+                    t.offsets[fd - 1] += len(data)
+                    t.on_output(fd, data)
+                    full = full or len(data) >= S.READ_CHUNK
+            entry = reply.queue.get(t.slurm_id)
+            if entry is not None:
+                t.state, t.missing = entry.state, 0
+            elif reply.squeue_ok:
+                t.missing += 1
+            if t.ended is None and t.slurm_id in reply.detail:
+                status = S.final_status(reply.detail[t.slurm_id])
+                if status is not None and status.done:
+                    t.ended = status
+                elif status is None and t.missing > 2:
+                    t.ended = S.JobStatus(
+                        "UNKNOWN",
+                        done=True,
+                        code=1,
+                        message=f"Slurm no longer knows job {t.slurm_id}",
+                    )
+            # the job's whole output is home before it counts as ended
+            if t.ended is not None and not full and not t.done.done():
+                log.info(
+                    "%s: Slurm job %s of %s ended %s", self.name, t.slurm_id, t.name, t.ended.state
+                )
+                t.done.set_result(JobExit(t.ended.code, message=t.ended.message))
+
+
+async def open_slurm_executor(machine: Machine, *, settings: S.SlurmSettings, token: str, **kwargs: Any) -> SlurmExecutor:
+    """Connect to the login node (our agent there) and look for this batch's jobs in Slurm."""
+    inner = await open_executor(machine, token=token, **kwargs)
+    executor = SlurmExecutor(inner, settings, token)
+    try:
+        await executor.find_earlier()
+    except BaseException:
+        await executor.close()
+        raise
+    return executor

@@ -1,0 +1,109 @@
+"""execute_batch with a Slurm machine (executor_slurm) against the real test Slurm of
+tests/slurm_cluster.py, through its SSH login node."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import yaml
+
+from tests.conftest_slurm import SlurmSite
+from tests.live_batch import LiveBatch, run_batch, wait_until
+
+
+def slurm_machine(slurm: SlurmSite, tmp_path: Path, **settings: object) -> str:
+    path = tmp_path / "slurm.yaml"
+    path.write_text(
+        yaml.safe_dump(slurm.slurm.machine_yaml(slurm.login, poll_interval=0.3, **settings))
+    )
+    return str(path)
+
+
+def shared_dir(slurm: SlurmSite) -> Path:
+    """A fresh folder in the login user's home, which every Slurm node sees at the same path."""
+    path = slurm.login.home / f"shared-{secrets.token_hex(3)}"
+    assert slurm.login.ssh(f"mkdir {path}").returncode == 0
+    return path
+
+
+def test_gpu_batch_one_job_per_gpu_with_output_results_and_exit_codes(
+    slurm: SlurmSite, tmp_path: Path
+) -> None:
+    marks = shared_dir(slurm)
+    # each job holds its GPU until all eight have started: eight at once on 4 nodes x 2 GPUs
+    job = (
+        f"echo $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES; touch {marks}/$SSH_SCHEDULER_JOB; "
+        f"n=0; while [ $(ls {marks} | wc -l) -lt 8 ] && [ $n -lt 600 ]; do sleep 0.1; n=$((n+1)); done; "
+        "echo made > result.txt; echo to-stderr >&2"
+    )
+    lines = [job] * 7 + [job + "; exit 3"]
+    (tmp_path / "jobs.sh").write_text("\n".join(lines) + "\n")
+    result = run_batch(
+        tmp_path,
+        "jobs.sh",
+        "--machines",
+        slurm_machine(slurm, tmp_path, max_queued=8),
+        "--gpus-per-job",
+        "1",
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    out = result.stdout.splitlines()
+    assert len([line for line in out if line.startswith("started: jobs.sh.")]) == 8, result.stdout
+    assert len([line for line in out if line.startswith("finished: jobs.sh.")]) == 7, result.stdout
+    assert any(line.startswith("failed: jobs.sh.8;") and "exit 3" in line for line in out), (
+        result.stdout
+    )
+    results = tmp_path / "job_results"
+    placed = [(results / f"jobs.sh.{n}.out").read_text().split() for n in range(1, 9)]
+    assert all(p[0] in slurm.slurm.nodes and p[1] in ("0", "1") for p in placed), placed
+    assert len({tuple(p) for p in placed}) == 8, placed  # one job per GPU, set by Slurm
+    for n in range(1, 9):
+        assert (results / f"jobs.sh.{n}" / "result.txt").read_text() == "made\n"
+        assert (results / f"jobs.sh.{n}.err").read_text() == "to-stderr\n"
+    ours = [
+        j
+        for j in slurm.slurm.jobs()
+        if j["JobName"].startswith("sshs-")
+        and j["JobName"].endswith(tuple(f"jobs.sh.{n}" for n in range(1, 9)))
+    ]
+    assert sorted(j["JobState"] for j in ours) == ["COMPLETED"] * 7 + ["FAILED"]
+
+
+def test_output_streams_home_while_the_job_runs(slurm: SlurmSite, tmp_path: Path) -> None:
+    gate = shared_dir(slurm)
+    (tmp_path / "jobs.sh").write_text(
+        f"echo first; n=0; while [ ! -e {gate}/go ] && [ $n -lt 1200 ]; do sleep 0.1; n=$((n+1)); done; echo second\n"
+    )
+    batch = LiveBatch(
+        tmp_path, "jobs.sh", "--machines", slurm_machine(slurm, tmp_path), "--no-gpu-required"
+    )
+    try:
+        out = tmp_path / "job_results" / "jobs.sh.1.out"
+        wait_until(
+            lambda: out.exists() and out.read_text() == "first\n",
+            "the first line at home",
+            timeout=60,
+        )
+        assert not (gate / "go").exists()  # still running: it waits for the gate
+        assert slurm.login.ssh(f"touch {gate}/go").returncode == 0
+        assert batch.finish(timeout=120) == 0, batch.text()
+    finally:
+        if batch.proc.poll() is None:
+            batch.kill()
+    assert out.read_text() == "first\nsecond\n"
+
+
+def test_a_job_sbatch_refuses_is_a_failed_line(slurm: SlurmSite, tmp_path: Path) -> None:
+    (tmp_path / "jobs.sh").write_text("echo never\n")
+    result = run_batch(
+        tmp_path, "jobs.sh", "--machines", slurm_machine(slurm, tmp_path), "--gpus-per-job", "3"
+    )
+    assert result.returncode == 1
+    assert any(line.startswith("failed: jobs.sh.1;") for line in result.stdout.splitlines()), (
+        result.stdout
+    )
+    err = (tmp_path / "job_results" / "jobs.sh.1.err").read_text()
+    assert "sbatch refused it" in err and "Requested node configuration is not available" in err, (
+        err
+    )
