@@ -27,7 +27,7 @@ from .config import Machine
 from .errors import ConnectionLostError, TransportError
 from .executors import AgentExecutor, OutputSink, open_executor
 from .needs import Needs
-from .probe import GpuState, HostState
+from .probe import HostState
 from .runner import JobExit
 from .transfer import CopyBackReport, CopyLimits, ForwardSet
 
@@ -117,22 +117,15 @@ class SlurmExecutor:
     # -- probing: the queue, not the cluster's resources -----------------------------------
 
     async def probe(self) -> tuple[HostState, dict[str, OwnUsage]]:
-        """A queue of ``max_queued`` slots.  The resources are placeholders big enough for any
-        job (Slurm judges fit, and refuses at submit what could never run)."""
+        """A queue of ``max_queued`` slots, no resources of its own to place on: Slurm places
+        jobs and sets their GPUs, and refuses at submission what could never run."""
         text, rc, _own = await self.inner.session.probe(self._sh("squeue --version 2>&1"))
         if rc != 0:
             raise TransportError(
                 f"{self.name}: squeue does not run on the login node: {text.strip()[-200:]}"
             )
         slots = self.settings.max_queued
-        gpus = tuple(
-            GpuState(i, f"slurm-slot-{i}", "Slurm", 1 << 30, 0, 1 << 30, 0.0)
-            for i in range(min(slots * 8, 4096))
-        )
-        state = HostState(
-            cpu_count=slots * 256, load_1m=0.0, mem_total_mb=slots << 30, mem_available_mb=slots << 30,
-            gpus=gpus, job_slots=slots,
-        )  # fmt: skip
+        state = HostState(cpu_count=slots, load_1m=0.0, mem_total_mb=0, mem_available_mb=0, job_slots=slots)
         return state, {}
 
     def _sh(self, command: str) -> str:

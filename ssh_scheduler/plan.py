@@ -209,9 +209,10 @@ class Planner:
             reasons = "; ".join(f"{h.name}: {h.down}" for h in self.hosts.values())
             raise TransportError(f"no usable host ({reasons})")
         base = self.options.needs
-        if base.gpus and not self.options.gpus_explicit and not any(s.gpus for s in states):
+        if base.gpus and not self.options.gpus_explicit and not any(s.gpus or s.job_slots for s in states):
             # The ancestor requires a GPU by default; on a fleet without any it could never be
-            # met, so unless the user asked for GPUs it quietly becomes "no GPU".
+            # met, so unless the user asked for GPUs it quietly becomes "no GPU".  (A Slurm
+            # queue may have GPUs: sbatch says when it has none.)
             base = replace(base, gpus=0, gpu_memory_mb=0, gpu_utilization=0.0, reserve_gpu=False)
         checked: dict[Needs, bool] = {}
         actions: list[Action] = []

@@ -192,3 +192,25 @@ def test_slurm_section_values() -> None:
         command_prefix="module load slurm",
     )
     assert parse_slurm_section(None, "m") == SlurmSettings()
+
+
+def test_a_slurm_queue_takes_max_queued_jobs_after_every_host_with_room() -> None:
+    from ssh_scheduler.allocate import MachineResources, choose
+    from ssh_scheduler.probe import GpuState, HostState
+
+    queue = MachineResources("slurm", HostState(cpu_count=3, load_1m=0.0, mem_total_mb=0, mem_available_mb=0, job_slots=3))
+    gpu = GpuState(0, "GPU-1", "H100", 16000, 0, 16000, 0.0)
+    host = MachineResources("box", HostState(cpu_count=4, load_1m=0.0, mem_total_mb=8000, mem_available_mb=8000, gpus=(gpu,)))
+    needs = Needs(gpus=2, memory_mb=10**6)  # more than any placeholder: Slurm judges, not us
+    assert queue.could_ever_fit(needs) and not host.could_ever_fit(needs)
+    one = Needs(gpus=1)
+    placed = []
+    for n in range(5):
+        target = choose([queue, host], one)
+        if target is None:
+            break
+        placed.append((target.name, target.allocate(f"j{n}", one).gpu_indices))
+    # the host first, then three in the queue, with no GPU of ours: Slurm sets CUDA_VISIBLE_DEVICES
+    assert placed == [("box", (0,)), ("slurm", ()), ("slurm", ()), ("slurm", ())]
+    queue.release("j2")
+    assert choose([queue, host], one) is queue

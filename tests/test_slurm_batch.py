@@ -107,3 +107,24 @@ def test_a_job_sbatch_refuses_is_a_failed_line(slurm: SlurmSite, tmp_path: Path)
     assert "sbatch refused it" in err and "Requested node configuration is not available" in err, (
         err
     )
+
+
+def test_a_mixed_batch_uses_an_ssh_host_and_slurm_together(
+    slurm: SlurmSite, tmp_path: Path
+) -> None:
+    (tmp_path / "jobs.sh").write_text(
+        "sleep 1; echo slurm=${SLURM_JOB_ID:-none} gpu=$CUDA_VISIBLE_DEVICES\n" * 6
+    )
+    result = run_batch(
+        tmp_path, "jobs.sh", "--machines", str(slurm.plain.machine_file), slurm_machine(slurm, tmp_path, max_queued=4),
+        "--gpus-per-job", "1",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    said = [
+        (tmp_path / "job_results" / f"jobs.sh.{n}.out").read_text().split() for n in range(1, 7)
+    ]
+    on_host = [s for s in said if s[0] == "slurm=none"]
+    in_slurm = [s for s in said if s[0] != "slurm=none"]
+    assert on_host and in_slurm, said
+    assert all(s[1] == "gpu=0" for s in on_host)  # the host's one GPU, placed by us
+    assert all(s[1] in ("gpu=0", "gpu=1") for s in in_slurm)  # placed by Slurm
