@@ -117,15 +117,11 @@ class SlurmExecutor:
     # -- probing: the queue, not the cluster's resources -----------------------------------
 
     async def probe(self) -> tuple[HostState, dict[str, OwnUsage]]:
-        """A queue of ``max_queued`` slots, no resources of its own to place on: Slurm places
-        jobs and sets their GPUs, and refuses at submission what could never run."""
+        """The queue (:func:`slurm.queue_state`), once squeue answers on the login node."""
         text, rc, _own = await self.inner.session.probe(self._sh("squeue --version 2>&1"))
         if rc != 0:
-            raise TransportError(
-                f"{self.name}: squeue does not run on the login node: {text.strip()[-200:]}"
-            )
-        slots = self.settings.max_queued
-        state = HostState(cpu_count=slots, load_1m=0.0, mem_total_mb=0, mem_available_mb=0, job_slots=slots)
+            raise TransportError(f"{self.name}: squeue does not run on the login node: {text.strip()[-200:]}")
+        state = S.queue_state(self.settings)
         return state, {}
 
     def _sh(self, command: str) -> str:

@@ -63,6 +63,7 @@ from .plan import (
     StopBatch,
 )
 from .results_folder import hold_results_folder, refuse_planted_links
+from .slurm import queue_state
 from .terminal import Printer, TerminalLines
 from .transfer import ForwardSet, Hasher, collect_forward
 
@@ -193,7 +194,10 @@ class Batch:
         async def one(machine: Machine) -> None:
             try:
                 if self.options.dry_run:
-                    state = await probe_only(machine, accept_new=self.options.accept_new, keepalive=self.options.keepalive)
+                    state = (
+                        queue_state(machine.slurm) if machine.slurm is not None
+                        else await probe_only(machine, accept_new=self.options.accept_new, keepalive=self.options.keepalive)
+                    )  # fmt: skip
                     self._perform(planner.probe_landed(machine.name, state))
                     return
                 executor = await self._open(machine)

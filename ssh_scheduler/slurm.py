@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from .errors import ConfigError
 from .needs import Needs
+from .probe import HostState
 
 __all__ = [
     "DONE_STATES",
@@ -33,6 +34,7 @@ __all__ = [
     "parse_slurm_section",
     "parse_squeue",
     "poll_command",
+    "queue_state",
     "sbatch_argv",
     "scancel_command",
     "status_of",
@@ -166,6 +168,14 @@ def parse_slurm_section(value: object, at: str) -> SlurmSettings:
         command_prefix=text("command_prefix"),
         poll_interval=float(interval),
     )
+
+
+def queue_state(settings: SlurmSettings) -> HostState:
+    """What the planner sees of a Slurm machine: a queue of ``max_queued`` slots and no
+    resources of its own to place on (Slurm places jobs, sets their GPUs, and refuses at
+    submission what could never run)."""
+    slots = settings.max_queued
+    return HostState(cpu_count=slots, load_1m=0.0, mem_total_mb=0, mem_available_mb=0, job_slots=slots)
 
 
 # -- submitting ------------------------------------------------------------------------------

@@ -3,13 +3,18 @@ tests/slurm_cluster.py, through its SSH login node."""
 
 from __future__ import annotations
 
+import re
 import secrets
+import subprocess
+import sys
 from pathlib import Path
 
 import yaml
 
 from tests.conftest_slurm import SlurmSite
-from tests.live_batch import LiveBatch, run_batch, wait_until
+from tests.live_batch import LiveBatch, batch_env, run_batch, wait_until
+
+DOCTOR = [sys.executable, "-m", "ssh_scheduler", "doctor"]
 
 
 def slurm_machine(slurm: SlurmSite, tmp_path: Path, **settings: object) -> str:
@@ -128,3 +133,43 @@ def test_a_mixed_batch_uses_an_ssh_host_and_slurm_together(
     assert on_host and in_slurm, said
     assert all(s[1] == "gpu=0" for s in on_host)  # the host's one GPU, placed by us
     assert all(s[1] in ("gpu=0", "gpu=1") for s in in_slurm)  # placed by Slurm
+
+
+def doctor(cwd: Path, machine: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*DOCTOR, "--machines", machine],
+        cwd=cwd,
+        env=batch_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_doctor_checks_slurm_on_the_login_node(slurm: SlurmSite, tmp_path: Path) -> None:
+    good = doctor(tmp_path, slurm_machine(slurm, tmp_path))
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert re.search(
+        r"^login: a Slurm login node \(slurm\S* 22\.05\.\d+\): sbatch, squeue", good.stdout, re.M
+    ), good.stdout
+    # an ordinary host named a Slurm login node: its squeue finds no Slurm to talk to
+    bad_yaml = tmp_path / "not-slurm.yaml"
+    bad_yaml.write_text(
+        yaml.safe_dump({**slurm.plain.machine_yaml(), "slurm": {"partition": "debug"}})
+    )
+    bad = doctor(tmp_path, str(bad_yaml))
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "plain: Slurm does not answer on this login node (squeue: " in bad.stdout
+    assert "fix: put sbatch and squeue on the PATH" in bad.stdout
+
+
+def test_a_dry_run_plans_jobs_into_the_slurm_queue(slurm: SlurmSite, tmp_path: Path) -> None:
+    (tmp_path / "jobs.sh").write_text("true\n" * 3)
+    result = run_batch(
+        tmp_path, "jobs.sh", "--machines", slurm_machine(slurm, tmp_path, max_queued=2), "--dry-run"
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    plans = [line for line in result.stdout.splitlines() if line.startswith("plan: ")]
+    assert len(plans) == 3 and all(" -> login " in line for line in plans), result.stdout
+    assert "slurm.yaml': 2}" in result.stdout  # machine limits: the queue's max_queued
+    assert "gpu choices: [[]]" in result.stdout  # no GPUs of ours: Slurm places them
