@@ -221,15 +221,20 @@ class SlurmExecutor:
         await self.inner.remove(jobdir, job, wait=wait)
 
     async def close(self) -> None:
+        """Leave nothing of this batch queued or running in Slurm (a cancelled batch, or an
+        sbatch whose answer a cancel cut off), then close the agent.  A coordinator that is
+        SIGKILLed never gets here: its jobs stay in Slurm for its rerun to reattach to."""
         try:
             if self._poller is not None:
                 self._poller.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._poller
-            live = [t.slurm_id for t in self._tracked.values() if not t.done.done()]
-            if live and self.lost is None:  # a coordinator that stops leaves nothing queued
+            if self.lost is None:
                 with contextlib.suppress(TransportError, TimeoutError):
-                    await self._scancel(live)
+                    left = [job_id for job_id, status in (await self._ours()).values() if not status.done]
+                    if left:
+                        log.info("%s: cancelling Slurm jobs %s", self.name, " ".join(left))
+                        await self._scancel(left)
         finally:
             await self.inner.close()
 
@@ -237,12 +242,17 @@ class SlurmExecutor:
 
     async def find_earlier(self) -> None:
         """What this batch's token already has in Slurm (a rerun after a killed coordinator)."""
+        self.found = await self._ours()
+
+    async def _ours(self) -> dict[str, tuple[str, S.JobStatus]]:
+        """This batch's jobs that Slurm knows: job -> (Slurm id, status)."""
         reply = await self._query([], [])
         prefix = S.job_name(self.token, "")
-        for entry in reply.queue.values():
-            if entry.name.startswith(prefix) and "_" not in entry.job_id:
-                job = entry.name[len(prefix) :]
-                self.found[job] = (entry.job_id, S.status_of(entry.state, None, entry.reason))
+        return {
+            entry.name[len(prefix) :]: (entry.job_id, S.status_of(entry.state, None, entry.reason))
+            for entry in reply.queue.values()
+            if entry.name.startswith(prefix)
+        }
 
     async def _query(self, ids: list[str], reads: list[tuple[str, str, int]]) -> S.PollReply:
         out, _rc, _ = await self.inner.session.probe(
@@ -296,6 +306,8 @@ class SlurmExecutor:
                     full = full or len(data) >= S.READ_CHUNK
             entry = reply.queue.get(t.slurm_id)
             if entry is not None:
+                if t.state in S.RUNNING_STATES and entry.state in S.WAITING_STATES:
+                    log.warning("%s: Slurm requeued %s (job %s): %s", self.name, t.name, t.slurm_id, entry.reason)
                 t.state, t.missing = entry.state, 0
             elif reply.squeue_ok:
                 t.missing += 1

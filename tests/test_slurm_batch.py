@@ -11,6 +11,7 @@ from pathlib import Path
 
 import yaml
 
+from ssh_scheduler.journal import batch_token
 from tests.conftest_slurm import SlurmSite
 from tests.live_batch import LiveBatch, batch_env, run_batch, wait_until
 
@@ -173,3 +174,28 @@ def test_a_dry_run_plans_jobs_into_the_slurm_queue(slurm: SlurmSite, tmp_path: P
     assert len(plans) == 3 and all(" -> login " in line for line in plans), result.stdout
     assert "slurm.yaml': 2}" in result.stdout  # machine limits: the queue's max_queued
     assert "gpu choices: [[]]" in result.stdout  # no GPUs of ours: Slurm places them
+
+
+def test_timeout_is_slurms_time_limit_and_ends_the_job_on_time(
+    slurm: SlurmSite, tmp_path: Path
+) -> None:
+    (tmp_path / "jobs.sh").write_text("echo begun; sleep 120\n")
+    result = run_batch(
+        tmp_path,
+        "jobs.sh",
+        "--machines",
+        slurm_machine(slurm, tmp_path),
+        "--no-gpu-required",
+        "--timeout",
+        "2",
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert any(
+        line.startswith("failed: jobs.sh.1;") and "timed out" in line
+        for line in result.stdout.splitlines()
+    ), result.stdout
+    token = batch_token(tmp_path / "job_results")
+    (row,) = [j for j in slurm.slurm.jobs() if j["JobName"] == f"sshs-{token}-jobs.sh.1"]
+    assert row["TimeLimit"] == "00:01:00"  # --time, in Slurm's whole minutes
+    assert row["JobState"] == "CANCELLED"  # and our own --timeout scancelled it first
+    assert (tmp_path / "job_results" / "jobs.sh.1.out").read_text() == "begun\n"
