@@ -24,6 +24,8 @@ Scenarios (``--quick`` sizes in brackets):
   6  100,000 [20,000]-line batch, 64 [16] hosts x 8 GPUs, --dry-run: wall, peak RSS, us per job
   7  the ancestor README's 4-line example on 2 GPU hosts, start to finish
   combine  scripts/bench_combine.py (100k [20k] files)
+  slurm  (c) 1000 [200] x ``true`` through a test Slurm vs ``sbatch --array`` by hand
+         (scripts/bench_slurm.py; only when asked: --scenarios slurm)
 
 Results: a table on stdout and JSON in bench/results/<UTC time>-<git sha>.json (+ latest.json).
 """
@@ -1166,6 +1168,41 @@ class Bench:
             rounds=1 if self.quick else min(2, self.args.rounds),
         )
 
+    def scenario_slurm(self) -> Scenario:
+        """(c) 1000 [200] jobs through Slurm vs ``sbatch --array`` by hand: scripts/bench_slurm.py
+        starts its own test Slurm and measures both; its JSON line is kept as computed values."""
+        jobs = 200 if self.quick else 1000
+        script = self.code_root / "scripts" / "bench_slurm.py"
+
+        def cmd(cwd: Path) -> Cmd:
+            return Cmd([PY, str(script), "--jobs", str(jobs), "--rounds", "1"], cwd, env=self.env)
+
+        def verify(c: Cmd, run: Run) -> None:
+            lines = read(c.cwd / "stdout.txt").strip().splitlines()
+            run.extra["slurm"] = (
+                json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
+            )
+            if run.ok and not run.extra["slurm"]:
+                run.ok, run.note = False, f"no result line: {tail(c.cwd / 'stderr.txt')}"
+
+        tool = Tool(
+            "execute_batch vs sbatch --array (bench_slurm.py)", cmd, verify, jobs, "ssh_scheduler"
+        )
+
+        def targets(s: Scenario) -> list[Target]:
+            for run in tool.good():
+                s.computed.update(run.extra["slurm"])
+            return []
+
+        return Scenario(
+            "slurm",
+            f"(c) {jobs} x true through Slurm vs one sbatch --array by hand",
+            [Group([tool])],
+            {"jobs": jobs},
+            targets,
+            rounds=1,
+        )
+
     # ----- running
     def run_scenario(self, s: Scenario) -> None:
         rounds = s.rounds or self.args.rounds
@@ -1449,7 +1486,7 @@ def main() -> int:
     ap.add_argument(
         "--scenarios",
         default="1,2,3,4,5,6,7,combine",
-        help="comma list of 1-7 and 'combine' (default: all)",
+        help="comma list of 1-7, 'combine' and 'slurm' (default: all but slurm, which needs Debian's Slurm packages)",
     )
     ap.add_argument("--quick", action="store_true", help="1 round, smaller sizes")
     ap.add_argument(
@@ -1484,11 +1521,11 @@ def main() -> int:
         args.rounds = 1
     args.floor_channels = [int(x) for x in str(args.floor_channels).split(",") if x.strip()]
     wanted = [x.strip() for x in args.scenarios.split(",") if x.strip()]
-    valid = {"1", "2", "3", "4", "5", "6", "7", "combine"}
+    valid = {"1", "2", "3", "4", "5", "6", "7", "combine", "slurm"}
     bad = [w for w in wanted if w not in valid]
     if bad or args.rounds < 1:
         ap.error(
-            f"unknown scenario(s) {bad}; choose from 1-7 and combine"
+            f"unknown scenario(s) {bad}; choose from 1-7, combine and slurm"
             if bad
             else "--rounds must be >= 1"
         )
@@ -1559,8 +1596,11 @@ def main() -> int:
         makers = {
             "1": bench.scenario1, "2": bench.scenario2, "3": bench.scenario3, "4": bench.scenario4,
             "5": bench.scenario5, "6": bench.scenario6, "7": bench.scenario7, "combine": bench.scenario_combine,
+            "slurm": bench.scenario_slurm,
         }  # fmt: skip
-        for sid in [v for v in ["1", "2", "3", "4", "5", "6", "7", "combine"] if v in wanted]:
+        for sid in [
+            v for v in ["1", "2", "3", "4", "5", "6", "7", "combine", "slurm"] if v in wanted
+        ]:
             if sid == "5" and bench.cluster is not None and not bench.cluster.namespaces:
                 errors[sid] = "skipped: set_latency needs the namespaced cluster (root)"
                 continue

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +54,7 @@ class _Tracked:
     ended: S.JobStatus | None = None
     state: str = "PENDING"
     missing: int = 0  # queries in a row that did not show it
+    room: int | None = None  # bytes of output still accepted (--max-output-bytes)
 
 
 class SlurmExecutor:
@@ -70,6 +72,8 @@ class SlurmExecutor:
         self._failures = 0
         self.needs: dict[str, Needs] = {}
         self.timeouts: dict[str, float | None] = {}
+        self.on_running: dict[str, Callable[[], None]] = {}
+        """Called once when Slurm first runs the job (or it ended unseen between two queries)."""
 
     # -- the Executor interface, delegated ---------------------------------------------------
 
@@ -120,7 +124,9 @@ class SlurmExecutor:
         """The queue (:func:`slurm.queue_state`), once squeue answers on the login node."""
         text, rc, _own = await self.inner.session.probe(self._sh("squeue --version 2>&1"))
         if rc != 0:
-            raise TransportError(f"{self.name}: squeue does not run on the login node: {text.strip()[-200:]}")
+            raise TransportError(
+                f"{self.name}: squeue does not run on the login node: {text.strip()[-200:]}"
+            )
         state = S.queue_state(self.settings)
         return state, {}
 
@@ -144,34 +150,38 @@ class SlurmExecutor:
         max_output: int | None = None,
     ) -> JobExit:
         """Submit the job and follow it to its end.  Cancelling this scancels it."""
-        needs = self.needs.get(job, Needs())
-        session = self.inner.session
         try:
-            await session.stage(jobdir, *(stage or ([], [])))
-        except ConnectionLostError as exc:
-            return JobExit(None, host_lost=True, message=str(exc))
-        argv = S.sbatch_argv(
-            self.settings,
-            name=S.job_name(self.token, job),
-            jobdir=jobdir,
-            needs=needs,
-            timeout=self.timeouts.get(job),
-        )
-        script = S.batch_script(command, env, gpus=needs.gpus)
-        try:
-            out, rc, _ = await session.probe(
-                S.submit_command(self.settings, argv, script), timeout=120
+            needs = self.needs.get(job, Needs())
+            session = self.inner.session
+            try:
+                await session.stage(jobdir, *(stage or ([], [])))
+            except ConnectionLostError as exc:
+                return JobExit(None, host_lost=True, message=str(exc))
+            argv = S.sbatch_argv(
+                self.settings,
+                name=S.job_name(self.token, job),
+                jobdir=jobdir,
+                needs=needs,
+                timeout=self.timeouts.get(job),
             )
-        except ConnectionLostError as exc:
-            return JobExit(None, host_lost=True, message=str(exc))
-        slurm_id = S.parse_submitted(out) if rc == 0 else None
-        if slurm_id is None:
-            said = " ".join(out.split())[-400:] or f"exit status {rc}"
-            on_output(2, f"ssh_scheduler: sbatch refused it: {said}\n".encode())
-            return JobExit(1, message=f"sbatch refused it: {said}")
-        self.submitted[job] = slurm_id
-        log.info("submitted: %s is Slurm job %s on %s", job, slurm_id, self.name)
-        return await self._follow(job, slurm_id, jobdir, on_output, (0, 0))
+            script = S.batch_script(command, env, gpus=needs.gpus)
+            try:
+                out, rc, _ = await session.probe(
+                    S.submit_command(self.settings, argv, script), timeout=120
+                )
+            except ConnectionLostError as exc:
+                return JobExit(None, host_lost=True, message=str(exc))
+            slurm_id = S.parse_submitted(out) if rc == 0 else None
+            if slurm_id is None:
+                said = " ".join(out.split())[-400:] or f"exit status {rc}"
+                on_output(2, f"ssh_scheduler: sbatch refused it: {said}\n".encode())
+                self.on_running.pop(job, lambda: None)()
+                return JobExit(1, message=f"sbatch refused it: {said}")
+            self.submitted[job] = slurm_id
+            log.info("submitted: %s is Slurm job %s on %s", job, slurm_id, self.name)
+            return await self._follow(job, slurm_id, jobdir, on_output, (0, 0), max_output)
+        finally:  # a job that never started (lost, refused) has nothing to announce later
+            self.on_running.pop(job, None)
 
     async def resume(self, job: str, offsets: tuple[int, int], on_output: OutputSink) -> JobExit:
         """Follow a job an earlier coordinator submitted (found in squeue by its name)."""
@@ -180,15 +190,17 @@ class SlurmExecutor:
         return await self._follow(job, slurm_id, self.jobdir(self.token, job), on_output, offsets)
 
     async def _follow(
-        self, job: str, slurm_id: str, jobdir: str, on_output: OutputSink, offsets: tuple[int, int]
+        self,
+        job: str,
+        slurm_id: str,
+        jobdir: str,
+        on_output: OutputSink,
+        offsets: tuple[int, int],
+        max_output: int | None = None,
     ) -> JobExit:
+        loop = asyncio.get_running_loop()
         tracked = _Tracked(
-            job,
-            slurm_id,
-            jobdir,
-            on_output,
-            list(offsets),
-            asyncio.get_running_loop().create_future(),
+            job, slurm_id, jobdir, on_output, list(offsets), loop.create_future(), room=max_output
         )
         self._tracked[job] = tracked
         self._start_poller()
@@ -200,6 +212,7 @@ class SlurmExecutor:
             raise
         finally:
             self._tracked.pop(job, None)
+            self.on_running.pop(job, None)
 
     async def kill(self, job: str) -> None:
         slurm_id = self.submitted.get(job)
@@ -231,7 +244,11 @@ class SlurmExecutor:
                     await self._poller
             if self.lost is None:
                 with contextlib.suppress(TransportError, TimeoutError):
-                    left = [job_id for job_id, status in (await self._ours()).values() if not status.done]
+                    left = [
+                        job_id
+                        for job_id, status in (await self._ours()).values()
+                        if not status.done
+                    ]
                     if left:
                         log.info("%s: cancelling Slurm jobs %s", self.name, " ".join(left))
                         await self._scancel(left)
@@ -246,7 +263,7 @@ class SlurmExecutor:
 
     async def _ours(self) -> dict[str, tuple[str, S.JobStatus]]:
         """This batch's jobs that Slurm knows: job -> (Slurm id, status)."""
-        reply = await self._query([], [])
+        reply = await self._query([], {})
         prefix = S.job_name(self.token, "")
         return {
             entry.name[len(prefix) :]: (entry.job_id, S.status_of(entry.state, None, entry.reason))
@@ -254,10 +271,9 @@ class SlurmExecutor:
             if entry.name.startswith(prefix)
         }
 
-    async def _query(self, ids: list[str], reads: list[tuple[str, str, int]]) -> S.PollReply:
-        out, _rc, _ = await self.inner.session.probe(
-            S.poll_command(self.settings, ids, reads), timeout=120
-        )
+    async def _query(self, ids: list[str], outputs: dict[str, tuple[str, int, int]]) -> S.PollReply:
+        command = S.poll_command(self.settings, ids, outputs)
+        out, _rc, _ = await self.inner.session.probe(command, timeout=120)
         try:
             return S.parse_poll_reply(out)
         except (ValueError, KeyError) as exc:
@@ -291,23 +307,37 @@ class SlurmExecutor:
 
     async def _poll_once(self) -> None:
         jobs = list(self._tracked.values())
-        reads = []
-        for t in jobs:
-            reads.append((f"{t.name}\x001", f"{t.jobdir}.out", t.offsets[0]))
-            reads.append((f"{t.name}\x002", f"{t.jobdir}.err", t.offsets[1]))
-        reply = await self._query([t.slurm_id for t in jobs if t.ended is None], reads)
+        outputs = {t.name: (t.jobdir, t.offsets[0], t.offsets[1]) for t in jobs}
+        reply = await self._query([t.slurm_id for t in jobs if t.ended is None], outputs)
         for t in jobs:
             full = False
-            for fd in (1, 2):
-                data = reply.data.get(f"{t.name}\x00{fd}", b"")
+            for fd, data in reply.data.get(t.name, {}).items():
+                t.offsets[fd - 1] += len(data)
+                full = full or len(data) >= S.READ_CHUNK
+                if t.room is not None:  # past the limit: the rest is dropped and the job ended
+                    if len(data) > t.room and t.ended is None:
+                        t.ended = S.JobStatus(
+                            "CANCELLED",
+                            done=True,
+                            code=1,
+                            message="output over --max-output-bytes; the job was cancelled",
+                        )
+                        with contextlib.suppress(TransportError):
+                            await self._scancel([t.slurm_id])
+                    data = data[: t.room]
+                    t.room -= len(data)
                 if data:
-                    t.offsets[fd - 1] += len(data)
                     t.on_output(fd, data)
-                    full = full or len(data) >= S.READ_CHUNK
             entry = reply.queue.get(t.slurm_id)
             if entry is not None:
                 if t.state in S.RUNNING_STATES and entry.state in S.WAITING_STATES:
-                    log.warning("%s: Slurm requeued %s (job %s): %s", self.name, t.name, t.slurm_id, entry.reason)
+                    log.warning(
+                        "%s: Slurm requeued %s (job %s): %s",
+                        self.name,
+                        t.name,
+                        t.slurm_id,
+                        entry.reason,
+                    )
                 t.state, t.missing = entry.state, 0
             elif reply.squeue_ok:
                 t.missing += 1
@@ -322,6 +352,8 @@ class SlurmExecutor:
                         code=1,
                         message=f"Slurm no longer knows job {t.slurm_id}",
                     )
+            if t.ended is not None or t.state in S.RUNNING_STATES:
+                self.on_running.pop(t.name, lambda: None)()
             # the job's whole output is home before it counts as ended
             if t.ended is not None and not full and not t.done.done():
                 log.info(
@@ -330,7 +362,9 @@ class SlurmExecutor:
                 t.done.set_result(JobExit(t.ended.code, message=t.ended.message))
 
 
-async def open_slurm_executor(machine: Machine, *, settings: S.SlurmSettings, token: str, **kwargs: Any) -> SlurmExecutor:
+async def open_slurm_executor(
+    machine: Machine, *, settings: S.SlurmSettings, token: str, **kwargs: Any
+) -> SlurmExecutor:
     """Connect to the login node (our agent there) and look for this batch's jobs in Slurm."""
     inner = await open_executor(machine, token=token, **kwargs)
     executor = SlurmExecutor(inner, settings, token)

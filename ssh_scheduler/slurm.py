@@ -175,7 +175,9 @@ def queue_state(settings: SlurmSettings) -> HostState:
     resources of its own to place on (Slurm places jobs, sets their GPUs, and refuses at
     submission what could never run)."""
     slots = settings.max_queued
-    return HostState(cpu_count=slots, load_1m=0.0, mem_total_mb=0, mem_available_mb=0, job_slots=slots)
+    return HostState(
+        cpu_count=slots, load_1m=0.0, mem_total_mb=0, mem_available_mb=0, job_slots=slots
+    )
 
 
 # -- submitting ------------------------------------------------------------------------------
@@ -280,29 +282,50 @@ for i in req["follow"] if rc == 0 else []:
         text = "sacct " + text
     detail[i] = text
 data = {}
-for key, path, offset in req["read"]:
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            data[key] = base64.b64encode(f.read(req["chunk"])).decode()
-    except OSError:
-        pass
+for job, rest, at_out, at_err in req["jobs"]:
+    for fd, suffix, offset in ((1, ".out", at_out), (2, ".err", at_err)):
+        try:
+            with open(req["base"] + rest + suffix, "rb") as f:
+                f.seek(offset)
+                chunk = f.read(req["chunk"])
+        except OSError:
+            continue
+        if chunk:
+            data.setdefault(job, {})[fd] = base64.b64encode(chunk).decode()
 print(json.dumps({"rc": rc, "squeue": out, "detail": detail, "data": data}))
 """
 
 
+def _common_start(texts: Sequence[str]) -> str:
+    """The longest start every text shares (characters, not path parts: job folders differ
+    after ``<token>-``)."""
+    if not texts:
+        return ""
+    first, last = min(texts), max(texts)
+    n = 0
+    while n < len(first) and first[n] == last[n]:
+        n += 1
+    return first[:n]
+
+
 def poll_command(
-    settings: SlurmSettings, follow: Sequence[str], reads: Sequence[tuple[str, str, int]]
+    settings: SlurmSettings, follow: Sequence[str], outputs: Mapping[str, tuple[str, int, int]]
 ) -> str:
     """The one query per interval: the Slurm ids we ``follow`` (the exit code of those that
-    ended comes back too), and ``reads`` (key, path, offset) of output files to read on from."""
+    ended comes back too), and per job its folder and the bytes of its ``.out``/``.err``
+    already home (what follows comes back).  Kept compact (the folders' common start is sent
+    once): it travels as one argument of ``sh -c``, which Linux caps at 128 KiB."""
+    base = _common_start([folder for folder, _out, _err in outputs.values()])
+    jobs = [[job, folder[len(base) :], out, err] for job, (folder, out, err) in outputs.items()]
     request = json.dumps(
         {
             "follow": list(follow),
             "done": sorted(DONE_STATES),
-            "read": [list(r) for r in reads],
+            "base": base,
+            "jobs": jobs,
             "chunk": READ_CHUNK,
-        }
+        },
+        separators=(",", ":"),
     )
     return _prefixed(settings, f"python3 -c {shlex.quote(_POLL_SCRIPT)} {shlex.quote(request)}")
 
@@ -321,7 +344,8 @@ class PollReply:
     squeue_text: str
     queue: dict[str, QueueEntry] = field(default_factory=dict)
     detail: dict[str, str] = field(default_factory=dict)
-    data: dict[str, bytes] = field(default_factory=dict)
+    data: dict[str, dict[int, bytes]] = field(default_factory=dict)
+    """job -> fd (1, 2) -> the new bytes of its output."""
 
 
 def parse_squeue(text: str) -> dict[str, QueueEntry]:
@@ -346,7 +370,10 @@ def parse_poll_reply(text: str) -> PollReply:
     if reply.squeue_ok:
         reply.queue = parse_squeue(reply.squeue_text)
     reply.detail = {str(k): str(v) for k, v in raw["detail"].items()}
-    reply.data = {str(k): base64.b64decode(v) for k, v in raw["data"].items()}
+    reply.data = {
+        str(job): {int(fd): base64.b64decode(chunk) for fd, chunk in fds.items()}
+        for job, fds in raw["data"].items()
+    }
     return reply
 
 

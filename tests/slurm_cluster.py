@@ -432,7 +432,7 @@ def cleanup_leftovers() -> None:
 
 @contextlib.contextmanager
 def slurm_cluster(
-    cluster: Cluster, *, nodes: int = 4, gpus_per_node: int = 2
+    cluster: Cluster, *, nodes: int = 4, gpus_per_node: int = 2, cpus_per_node: int = 4
 ) -> Iterator[SlurmCluster]:
     """A Slurm whose daemons listen on ``cluster``'s bridge, with the first host of ``cluster`` as login node."""
     cleanup_leftovers()
@@ -441,6 +441,7 @@ def slurm_cluster(
         cluster.bridge,
         nodes=nodes,
         gpus_per_node=gpus_per_node,
+        cpus_per_node=cpus_per_node,
     )
     atexit.register(slurm.stop)
     slurm.start()

@@ -140,10 +140,15 @@ def test_the_poll_script_runs_and_its_reply_parses(tmp_path: Path) -> None:
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
     (tmp_path / "j.out").write_bytes(b"hello\nworld\n")
+    (tmp_path / "j2.err").write_bytes(b"oops\n")
     command = poll_command(
         SlurmSettings(command_prefix=f"PATH={shlex.quote(str(bin_dir))}:$PATH"),
         ["3", "5"],
-        [("j\x001", str(tmp_path / "j.out"), 6), ("j\x002", str(tmp_path / "missing"), 0)],
+        {
+            "j": (str(tmp_path / "j"), 6, 0),
+            "j2": (str(tmp_path / "j2"), 0, 0),
+            "none": (str(tmp_path / "none"), 0, 0),
+        },
     )
     out = subprocess.run(
         ["/bin/sh", "-c", command], capture_output=True, text=True, check=True
@@ -152,7 +157,7 @@ def test_the_poll_script_runs_and_its_reply_parses(tmp_path: Path) -> None:
     assert reply.squeue_ok and reply.queue["3"].state == "FAILED"
     assert set(reply.detail) == {"3"}  # 5 still runs: no scontrol for it
     assert final_status(reply.detail["3"]).code == 3  # type: ignore[union-attr]
-    assert reply.data == {"j\x001": b"world\n"}
+    assert reply.data == {"j": {1: b"world\n"}, "j2": {2: b"oops\n"}}
     with pytest.raises(ValueError, match="no answer"):
         parse_poll_reply("python3: not found\n")
     assert json.loads(out)["rc"] == 0
@@ -198,9 +203,15 @@ def test_a_slurm_queue_takes_max_queued_jobs_after_every_host_with_room() -> Non
     from ssh_scheduler.allocate import MachineResources, choose
     from ssh_scheduler.probe import GpuState, HostState
 
-    queue = MachineResources("slurm", HostState(cpu_count=3, load_1m=0.0, mem_total_mb=0, mem_available_mb=0, job_slots=3))
+    queue = MachineResources(
+        "slurm",
+        HostState(cpu_count=3, load_1m=0.0, mem_total_mb=0, mem_available_mb=0, job_slots=3),
+    )
     gpu = GpuState(0, "GPU-1", "H100", 16000, 0, 16000, 0.0)
-    host = MachineResources("box", HostState(cpu_count=4, load_1m=0.0, mem_total_mb=8000, mem_available_mb=8000, gpus=(gpu,)))
+    host = MachineResources(
+        "box",
+        HostState(cpu_count=4, load_1m=0.0, mem_total_mb=8000, mem_available_mb=8000, gpus=(gpu,)),
+    )
     needs = Needs(gpus=2, memory_mb=10**6)  # more than any placeholder: Slurm judges, not us
     assert queue.could_ever_fit(needs) and not host.could_ever_fit(needs)
     one = Needs(gpus=1)

@@ -199,3 +199,23 @@ def test_timeout_is_slurms_time_limit_and_ends_the_job_on_time(
     assert row["TimeLimit"] == "00:01:00"  # --time, in Slurm's whole minutes
     assert row["JobState"] == "CANCELLED"  # and our own --timeout scancelled it first
     assert (tmp_path / "job_results" / "jobs.sh.1.out").read_text() == "begun\n"
+
+
+def test_output_past_max_output_bytes_is_dropped_and_the_job_cancelled(
+    slurm: SlurmSite, tmp_path: Path
+) -> None:
+    (tmp_path / "jobs.sh").write_text("head -c 100000 /dev/zero | tr '\\0' x; sleep 120\n")
+    result = run_batch(
+        tmp_path,
+        "jobs.sh",
+        "--machines",
+        slurm_machine(slurm, tmp_path),
+        "--no-gpu-required",
+        "--max-output-bytes",
+        "1000",
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert (tmp_path / "job_results" / "jobs.sh.1.out").read_text() == "x" * 1000
+    token = batch_token(tmp_path / "job_results")
+    (row,) = [j for j in slurm.slurm.jobs() if j["JobName"] == f"sshs-{token}-jobs.sh.1"]
+    assert row["JobState"] == "CANCELLED"
