@@ -176,26 +176,33 @@ def test_a_dry_run_plans_jobs_into_the_slurm_queue(slurm: SlurmSite, tmp_path: P
     assert "gpu choices: [[]]" in result.stdout  # no GPUs of ours: Slurm places them
 
 
-def test_timeout_is_slurms_time_limit_and_ends_the_job_on_time(
-    slurm: SlurmSite, tmp_path: Path
-) -> None:
-    (tmp_path / "jobs.sh").write_text("echo begun; sleep 120\n")
+def one_cpu_job(
+    slurm: SlurmSite, tmp_path: Path, line: str, *options: str
+) -> tuple[subprocess.CompletedProcess[str], dict[str, str]]:
+    """Run a one-line batch without GPUs on Slurm; the batch's result and Slurm's record of the job."""
+    (tmp_path / "jobs.sh").write_text(line + "\n")
     result = run_batch(
         tmp_path,
         "jobs.sh",
         "--machines",
         slurm_machine(slurm, tmp_path),
         "--no-gpu-required",
-        "--timeout",
-        "2",
+        *options,
     )
+    token = batch_token(tmp_path / "job_results")
+    (row,) = [j for j in slurm.slurm.jobs() if j["JobName"] == f"sshs-{token}-jobs.sh.1"]
+    return result, row
+
+
+def test_timeout_is_slurms_time_limit_and_ends_the_job_on_time(
+    slurm: SlurmSite, tmp_path: Path
+) -> None:
+    result, row = one_cpu_job(slurm, tmp_path, "echo begun; sleep 120", "--timeout", "2")
     assert result.returncode == 1, result.stdout + result.stderr
     assert any(
         line.startswith("failed: jobs.sh.1;") and "timed out" in line
         for line in result.stdout.splitlines()
     ), result.stdout
-    token = batch_token(tmp_path / "job_results")
-    (row,) = [j for j in slurm.slurm.jobs() if j["JobName"] == f"sshs-{token}-jobs.sh.1"]
     assert row["TimeLimit"] == "00:01:00"  # --time, in Slurm's whole minutes
     assert row["JobState"] == "CANCELLED"  # and our own --timeout scancelled it first
     assert (tmp_path / "job_results" / "jobs.sh.1.out").read_text() == "begun\n"
@@ -204,18 +211,8 @@ def test_timeout_is_slurms_time_limit_and_ends_the_job_on_time(
 def test_output_past_max_output_bytes_is_dropped_and_the_job_cancelled(
     slurm: SlurmSite, tmp_path: Path
 ) -> None:
-    (tmp_path / "jobs.sh").write_text("head -c 100000 /dev/zero | tr '\\0' x; sleep 120\n")
-    result = run_batch(
-        tmp_path,
-        "jobs.sh",
-        "--machines",
-        slurm_machine(slurm, tmp_path),
-        "--no-gpu-required",
-        "--max-output-bytes",
-        "1000",
-    )
+    line = "head -c 100000 /dev/zero | tr '\\0' x; sleep 120"
+    result, row = one_cpu_job(slurm, tmp_path, line, "--max-output-bytes", "1000")
     assert result.returncode == 1, result.stdout + result.stderr
     assert (tmp_path / "job_results" / "jobs.sh.1.out").read_text() == "x" * 1000
-    token = batch_token(tmp_path / "job_results")
-    (row,) = [j for j in slurm.slurm.jobs() if j["JobName"] == f"sshs-{token}-jobs.sh.1"]
     assert row["JobState"] == "CANCELLED"
