@@ -70,6 +70,7 @@ class SlurmExecutor:
         self._tracked: dict[str, _Tracked] = {}
         self._poller: asyncio.Task[None] | None = None
         self._failures = 0
+        self._answered = False  # squeue ran once on the login node
         self.needs: dict[str, Needs] = {}
         self.timeouts: dict[str, float | None] = {}
         self.on_running: dict[str, Callable[[], None]] = {}
@@ -121,12 +122,15 @@ class SlurmExecutor:
     # -- probing: the queue, not the cluster's resources -----------------------------------
 
     async def probe(self) -> tuple[HostState, dict[str, OwnUsage]]:
-        """The queue (:func:`slurm.queue_state`), once squeue answers on the login node."""
-        text, rc, _own = await self.inner.session.probe(self._sh("squeue --version 2>&1"))
-        if rc != 0:
-            raise TransportError(
-                f"{self.name}: squeue does not run on the login node: {text.strip()[-200:]}"
-            )
+        """The queue (:func:`slurm.queue_state`), once squeue answers on the login node.  It
+        does not change, so only the first probe asks (re-probes follow every job's end)."""
+        if not self._answered:
+            text, rc, _own = await self.inner.session.probe(self._sh("squeue --version 2>&1"))
+            if rc != 0:
+                raise TransportError(
+                    f"{self.name}: squeue does not run on the login node: {text.strip()[-200:]}"
+                )
+            self._answered = True
         state = S.queue_state(self.settings)
         return state, {}
 
