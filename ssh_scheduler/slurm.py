@@ -34,6 +34,7 @@ __all__ = [
     "parse_slurm_section",
     "parse_squeue",
     "poll_command",
+    "prefixed",
     "queue_state",
     "sbatch_argv",
     "scancel_command",
@@ -51,6 +52,7 @@ SLURM_KEYS: dict[str, str] = {
     "max_queued": f"most jobs submitted at once, default {DEFAULT_MAX_QUEUED}",
     "command_prefix": "a shell line run before every Slurm command, like 'module load slurm'",
     "poll_interval": "seconds between two status queries, default 2",
+    "arrays": "false to submit every job with its own sbatch, default true (jobs submitted together that ask for the same go in one sbatch --array)",
 }
 
 # Slurm's job states (squeue %T, scontrol JobState, sacct State) by what they mean to us.
@@ -100,6 +102,7 @@ class SlurmSettings:
     max_queued: int = DEFAULT_MAX_QUEUED
     command_prefix: str | None = None
     poll_interval: float = 2.0
+    arrays: bool = True
 
 
 def parse_slurm_section(value: object, at: str) -> SlurmSettings:
@@ -158,7 +161,11 @@ def parse_slurm_section(value: object, at: str) -> SlurmSettings:
         raise ConfigError(
             f"{at}: 'slurm.poll_interval' must be a number of seconds from 0.1 to 600, got {interval!r}"
         )
+    arrays = value.get("arrays", True)
+    if not isinstance(arrays, bool):
+        raise ConfigError(f"{at}: 'slurm.arrays' must be true or false, got {arrays!r}")
     return SlurmSettings(
+        arrays=arrays,
         partition=text("partition"),
         account=text("account"),
         qos=text("qos"),
@@ -232,18 +239,18 @@ def batch_script(command: str, env: Mapping[str, str], *, gpus: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _prefixed(settings: SlurmSettings, command: str) -> str:
+def prefixed(settings: SlurmSettings, command: str) -> str:
     return f"{settings.command_prefix}\n{command}" if settings.command_prefix else command
 
 
 def submit_command(settings: SlurmSettings, argv: Sequence[str], script: str) -> str:
     """One shell line: the script on sbatch's stdin (no file to write first); stderr joins
     stdout so a refusal reaches the user."""
-    return _prefixed(settings, f"printf '%s' {shlex.quote(script)} | {shlex.join(argv)} 2>&1")
+    return prefixed(settings, f"printf '%s' {shlex.quote(script)} | {shlex.join(argv)} 2>&1")
 
 
 def scancel_command(settings: SlurmSettings, ids: Sequence[str]) -> str:
-    return _prefixed(settings, f"scancel {' '.join(shlex.quote(i) for i in ids)} 2>&1")
+    return prefixed(settings, f"scancel {' '.join(shlex.quote(i) for i in ids)} 2>&1")
 
 
 def parse_submitted(text: str) -> str | None:
@@ -270,7 +277,7 @@ def run(argv):
         return p.returncode, p.stdout + p.stderr
     except (OSError, subprocess.SubprocessError) as e:
         return 127, str(e)
-rc, out = run(["squeue", "--me", "-t", "all", "-h", "-o", "%i|%j|%T|%r"])
+rc, out = run(["squeue", "--me", "-r", "-t", "all", "-h", "-o", "%i|%j|%T|%r"])
 states = dict((l.split("|")[0], l.split("|")[2]) for l in out.splitlines() if l.count("|") == 3)
 detail = {}
 for i in req["follow"] if rc == 0 else []:
@@ -327,7 +334,7 @@ def poll_command(
         },
         separators=(",", ":"),
     )
-    return _prefixed(settings, f"python3 -c {shlex.quote(_POLL_SCRIPT)} {shlex.quote(request)}")
+    return prefixed(settings, f"python3 -c {shlex.quote(_POLL_SCRIPT)} {shlex.quote(request)}")
 
 
 @dataclass(frozen=True, slots=True)

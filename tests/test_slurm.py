@@ -172,6 +172,7 @@ def test_the_poll_script_runs_and_its_reply_parses(tmp_path: Path) -> None:
         ({"sbatch_args": ["constraint=a"]}, "'slurm.sbatch_args' must be a list of sbatch options"),
         ({"partition": ""}, "'slurm.partition' must be one line of text"),
         ({"poll_interval": 0}, "'slurm.poll_interval' must be a number of seconds"),
+        ({"arrays": "yes"}, "'slurm.arrays' must be true or false"),
     ],
 )
 def test_slurm_section_errors_are_one_line_with_the_fix(section: object, message: str) -> None:
@@ -225,3 +226,48 @@ def test_a_slurm_queue_takes_max_queued_jobs_after_every_host_with_room() -> Non
     assert placed == [("box", (0,)), ("slurm", ()), ("slurm", ()), ("slurm", ())]
     queue.release("j2")
     assert choose([queue, host], one) is queue
+
+
+def test_an_array_runs_each_task_in_its_own_jobs_folder(tmp_path: Path) -> None:
+    from ssh_scheduler.slurm_array import (
+        array_script,
+        array_submit_command,
+        parse_array_script,
+        shared_options,
+    )
+
+    folders = [str(tmp_path / f"tok-j {n}") for n in range(3)]  # a space survives the quoting
+    assert parse_array_script(array_script(folders)) == folders
+    one, two = (
+        sbatch_argv(
+            SlurmSettings(partition="p"),
+            name=f"sshs-t-{n}",
+            jobdir=folders[n],
+            needs=Needs(gpus=1),
+            timeout=None,
+        )
+        for n in (0, 1)
+    )
+    assert shared_options(one) == shared_options(two) and "--gres=gpu:1" in shared_options(one)
+    assert shared_options(one) != shared_options(
+        sbatch_argv(SlurmSettings(), name="x", jobdir="/d", needs=Needs(gpus=2), timeout=None)
+    )
+    # the submission line writes every job's script and the dispatch script, then runs sbatch
+    # (a stand-in here answers as sbatch --parsable does)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text("#!/bin/sh\necho 77\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    for folder in folders:
+        Path(folder).mkdir()
+    jobs = [(f, batch_script(f"echo task {n} in $PWD", {}, gpus=1)) for n, f in enumerate(folders)]
+    line = array_submit_command(
+        SlurmSettings(command_prefix=f"PATH={shlex.quote(str(bin_dir))}:$PATH"), shared_options(one),
+        name="sshs-t-@a", workdir=str(tmp_path), script_path=str(tmp_path / "t-@a.array"), jobs=jobs,
+    )  # fmt: skip
+    done = subprocess.run(["/bin/sh", "-c", line], capture_output=True, text=True, check=True)
+    assert parse_submitted(done.stdout) == "77"
+    for n, folder in enumerate(folders):  # task n of the array, as slurmd would run it
+        env = {"SLURM_ARRAY_TASK_ID": str(n), "PATH": "/usr/bin:/bin"}
+        subprocess.run(["/bin/sh", str(tmp_path / "t-@a.array")], env=env, check=True)
+        assert Path(folder + ".out").read_text() == f"task {n} in {folder}\n"

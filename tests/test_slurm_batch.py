@@ -67,13 +67,13 @@ def test_gpu_batch_one_job_per_gpu_with_output_results_and_exit_codes(
     for n in range(1, 9):
         assert (results / f"jobs.sh.{n}" / "result.txt").read_text() == "made\n"
         assert (results / f"jobs.sh.{n}.err").read_text() == "to-stderr\n"
-    ours = [
-        j
-        for j in slurm.slurm.jobs()
-        if j["JobName"].startswith("sshs-")
-        and j["JobName"].endswith(tuple(f"jobs.sh.{n}" for n in range(1, 9)))
-    ]
+    token = batch_token(results)
+    ours = [j for j in slurm.slurm.jobs() if j["JobName"].startswith(f"sshs-{token}-")]
     assert sorted(j["JobState"] for j in ours) == ["COMPLETED"] * 7 + ["FAILED"]
+    # submitted together with the same needs: one sbatch --array, named after its first job
+    assert len({j["ArrayJobId"] for j in ours}) == 1 and all(
+        j["JobName"].startswith(f"sshs-{token}-@jobs.sh.") for j in ours
+    )
 
 
 def test_output_streams_home_while_the_job_runs(slurm: SlurmSite, tmp_path: Path) -> None:

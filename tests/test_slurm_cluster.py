@@ -41,4 +41,6 @@ def test_gpu_array_over_ssh_gets_one_gpu_per_task(slurm: SlurmSite) -> None:
 
 def _ended(slurm: SlurmSite, array: str) -> bool:
     tasks = [j for j in slurm.slurm.jobs() if j.get("ArrayJobId") == array]
-    return len(tasks) == 8 and all(j["JobState"] not in ("PENDING", "RUNNING", "COMPLETING") for j in tasks)
+    return len(tasks) == 8 and all(
+        j["JobState"] not in ("PENDING", "RUNNING", "COMPLETING") for j in tasks
+    )
