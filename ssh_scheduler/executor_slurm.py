@@ -32,13 +32,8 @@ from .executors import AgentExecutor, OutputSink, open_executor
 from .needs import Needs
 from .probe import HostState
 from .runner import JobExit
-from .slurm_array import (
-    ARRAY_MARK,
-    MAX_COMMAND,
-    array_submit_command,
-    parse_array_script,
-    shared_options,
-)
+from .slurm_array import ARRAY_MARK, parse_array_script
+from .slurm_submit import Submitter
 from .transfer import CopyBackReport, CopyLimits, ForwardSet
 
 __all__ = ["SlurmExecutor", "open_slurm_executor"]
@@ -48,36 +43,6 @@ log = logging.getLogger(__name__)
 QUERY_FAILURES_TOLERATED = 5
 """Status queries in a row that may fail (slurmctld restarting, a timeout) before the jobs are
 given up as lost."""
-
-
-SUBMIT_WINDOW = 0.05
-"""Seconds the first job to submit waits for others: jobs placed together share one sbatch."""
-
-
-@dataclass(slots=True)
-class _Submission:
-    """A job waiting to be submitted; ``done`` gets (Slurm id or None, what sbatch said, lost)."""
-
-    job: str
-    jobdir: str
-    argv: list[str]
-    script: str
-    done: asyncio.Future[tuple[str | None, str, bool]]
-    abandoned: bool = False  # its run was cancelled
-
-
-def _chunks(group: list[_Submission]) -> list[list[_Submission]]:
-    """The group in runs whose submission line stays under :data:`MAX_COMMAND`."""
-    chunks: list[list[_Submission]] = [[]]
-    size = 0
-    for submission in group:
-        cost = len(submission.script) + 3 * len(submission.jobdir) + 200
-        if chunks[-1] and size + cost > MAX_COMMAND:
-            chunks.append([])
-            size = 0
-        chunks[-1].append(submission)
-        size += cost
-    return chunks
 
 
 @dataclass(slots=True)
@@ -110,8 +75,7 @@ class SlurmExecutor:
         self._poller: asyncio.Task[None] | None = None
         self._failures = 0
         self._answered = False  # squeue ran once on the login node
-        self._submissions: list[_Submission] = []
-        self._submitter: asyncio.Task[None] | None = None
+        self._submitter = Submitter(self.name, settings, token, self._command, self._scancel)
         self.needs: dict[str, Needs] = {}
         self.timeouts: dict[str, float | None] = {}
         self.on_running: dict[str, Callable[[], None]] = {}
@@ -210,7 +174,7 @@ class SlurmExecutor:
                 timeout=self.timeouts.get(job),
             )
             script = S.batch_script(command, env, gpus=needs.gpus)
-            slurm_id, said, lost = await self._submit(job, jobdir, argv, script)
+            slurm_id, said, lost = await self._submitter.submit(job, jobdir, argv, script)
             if lost:
                 return JobExit(None, host_lost=True, message=said)
             if slurm_id is None:
@@ -223,82 +187,6 @@ class SlurmExecutor:
             return await self._follow(job, slurm_id, jobdir, on_output, (0, 0), max_output)
         finally:  # a job that never started (lost, refused) has nothing to announce later
             self.on_running.pop(job, None)
-
-    # -- submitting: jobs placed together go in one sbatch (an array where they ask the same) --
-
-    async def _submit(
-        self, job: str, jobdir: str, argv: list[str], script: str
-    ) -> tuple[str | None, str, bool]:
-        """The job's Slurm id (``A_i`` for an array task) or None, what sbatch said, and whether
-        the login node was lost.  A cancelled caller's job is scancelled once submitted."""
-        loop = asyncio.get_running_loop()
-        submission = _Submission(job, jobdir, argv, script, loop.create_future())
-        self._submissions.append(submission)
-        if self._submitter is None or self._submitter.done():
-            self._submitter = loop.create_task(self._submit_soon())
-        try:
-            return await asyncio.shield(submission.done)
-        except asyncio.CancelledError:
-            submission.abandoned = True
-            if submission.done.done() and submission.done.result()[0] is not None:
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(self._scancel([str(submission.done.result()[0])]))
-            raise
-
-    async def _submit_soon(self) -> None:
-        await asyncio.sleep(SUBMIT_WINDOW)
-        while self._submissions:
-            batch, self._submissions = [s for s in self._submissions if not s.abandoned], []
-            groups: dict[tuple[str, ...], list[_Submission]] = {}
-            for submission in batch:
-                key = shared_options(submission.argv) if self.settings.arrays else (submission.job,)
-                groups.setdefault(key, []).append(submission)
-            for options, group in groups.items():
-                for chunk in _chunks(group):
-                    try:
-                        await self._submit_chunk(options, chunk)
-                    except Exception as exc:  # no job may wait forever for its submission
-                        log.exception("%s: submitting to Slurm failed", self.name)
-                        for waiting in chunk:
-                            if not waiting.done.done():
-                                waiting.done.set_result((None, f"submitting failed: {exc}", False))
-
-    async def _submit_chunk(self, options: tuple[str, ...], chunk: list[_Submission]) -> None:
-        first = chunk[0]
-        if len(chunk) == 1:
-            command = S.submit_command(self.settings, first.argv, first.script)
-        else:
-            stem = self.jobdir(self.token, ARRAY_MARK + first.job)
-            command = array_submit_command(
-                self.settings, options, name=S.job_name(self.token, ARRAY_MARK + first.job),
-                workdir=os.path.dirname(first.jobdir), script_path=f"{stem}.array",
-                jobs=[(s.jobdir, s.script) for s in chunk],
-            )  # fmt: skip
-        try:
-            out, rc, _ = await self.inner.session.probe(command, timeout=120)
-        except TransportError as exc:
-            for s in chunk:
-                s.done.set_result((None, str(exc), True))
-            return
-        slurm_id = S.parse_submitted(out) if rc == 0 else None
-        said = out if slurm_id is None else ""
-        if slurm_id is not None and len(chunk) > 1:
-            log.info("submitted: %d jobs as Slurm array %s on %s", len(chunk), slurm_id, self.name)
-        ids = (
-            [slurm_id]
-            if len(chunk) == 1
-            else [f"{slurm_id}_{i}" if slurm_id else None for i in range(len(chunk))]
-        )
-        for s, job_id in zip(chunk, ids, strict=True):
-            s.done.set_result((job_id, said or f"exit status {rc}", False))
-        gone = [
-            job_id
-            for s, job_id in zip(chunk, ids, strict=True)
-            if s.abandoned and job_id is not None
-        ]
-        if gone:  # their runs were cancelled while sbatch ran
-            with contextlib.suppress(TransportError):
-                await self._scancel(gone)
 
     async def resume(self, job: str, offsets: tuple[int, int], on_output: OutputSink) -> JobExit:
         """Follow a job an earlier coordinator submitted (found in squeue by its name)."""
@@ -336,6 +224,10 @@ class SlurmExecutor:
         if slurm_id is not None:
             await self._scancel([slurm_id])
 
+    async def _command(self, command: str) -> tuple[str, int]:
+        out, rc, _ = await self.inner.session.probe(command, timeout=120)
+        return out, rc
+
     async def _scancel(self, ids: list[str]) -> None:
         out, rc, _ = await self.inner.session.probe(
             S.scancel_command(self.settings, ids), timeout=60
@@ -355,11 +247,11 @@ class SlurmExecutor:
         sbatch whose answer a cancel cut off), then close the agent.  A coordinator that is
         SIGKILLed never gets here: its jobs stay in Slurm for its rerun to reattach to."""
         try:
-            for task in (self._poller, self._submitter):
-                if task is not None:
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+            await self._submitter.close()
+            if self._poller is not None:
+                self._poller.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._poller
             if self.lost is None:
                 with contextlib.suppress(TransportError, TimeoutError):
                     left = [
