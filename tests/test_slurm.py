@@ -100,6 +100,18 @@ def test_squeue_states_as_captured() -> None:
     requeued = parse_squeue(data("squeue_requeued.txt"))["3"]
     assert requeued.state == "PENDING" and requeued.reason == "BeginTime"
     assert status_of(requeued.state).waiting  # a requeued job is followed, not ended
+    timed_out = parse_squeue(data("squeue_timeout.txt"))["2"]
+    assert status_of(timed_out.state).code == 124
+    # the same job in scontrol: running, then requeued (Restarts=1) and waiting for a node
+    before, after = (
+        parse_scontrol(data("scontrol_before_node_kill.txt")),
+        parse_scontrol(data("scontrol_requeued_node_down.txt")),
+    )
+    assert (before["JobState"], before["Restarts"]) == ("RUNNING", "0")
+    assert (after["JobState"], after["Restarts"]) == ("PENDING", "1") and after[
+        "Reason"
+    ].startswith("ReqNodeNotAvail")
+    assert final_status(data("scontrol_requeued_node_down.txt")).waiting  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(
