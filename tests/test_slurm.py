@@ -48,13 +48,13 @@ def test_sbatch_asks_for_the_jobs_needs_and_carries_the_batch_token() -> None:
         partition="gpu", account="lab", qos="high", sbatch_args=("--constraint=a100",)
     )
     argv = sbatch_argv(
-        settings, name=job_name("tok1", "jobs.sh.3"), jobdir="/home/u/w/jobs/tok1-jobs.sh.3",
+        settings, name=job_name("tok1", "jobs.sh.3"), jobdir="/users/u/w/jobs/tok1-jobs.sh.3",
         needs=Needs(cpus=2.5, memory_mb=4000, gpus=2), timeout=90,
     )  # fmt: skip
     assert argv[:2] == ["sbatch", "--parsable"]
     for option in (
-        "--job-name=sshs-tok1-jobs.sh.3", "--chdir=/home/u/w/jobs/tok1-jobs.sh.3",
-        "--output=/home/u/w/jobs/tok1-jobs.sh.3.out", "--error=/home/u/w/jobs/tok1-jobs.sh.3.err",
+        "--job-name=sshs-tok1-jobs.sh.3", "--chdir=/users/u/w/jobs/tok1-jobs.sh.3",
+        "--output=/users/u/w/jobs/tok1-jobs.sh.3.out", "--error=/users/u/w/jobs/tok1-jobs.sh.3.err",
         "--partition=gpu", "--account=lab", "--qos=high", "--gres=gpu:2", "--cpus-per-task=3",
         "--mem=4000M", "--time=2", "--constraint=a100",
     ):  # fmt: skip
