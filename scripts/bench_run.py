@@ -27,6 +27,8 @@ Scenarios (``--quick`` sizes in brackets):
   files-in, files-back, big-back  one job moving 5000 small files in / back, or one 200 MB file
      back, vs tar / cat over plain ssh (scripts/bench_files.py)
   scale256, churn  many hosts from one coordinator: scripts/bench_scale.py (not in the default list)
+  slurm  (c) 1000 [200] x ``true`` through a test Slurm vs ``sbatch --array`` by hand
+         (scripts/bench_slurm.py; only when asked: --scenarios slurm)
 
 Results: a table on stdout and JSON in bench/results/<UTC time>-<git sha>.json (+ latest.json).
 """
@@ -1245,6 +1247,41 @@ class Bench:
             rounds=1 if self.quick else min(2, self.args.rounds),
         )
 
+    def scenario_slurm(self) -> Scenario:
+        """(c) 1000 [200] jobs through Slurm vs ``sbatch --array`` by hand: scripts/bench_slurm.py
+        starts its own test Slurm and measures both; its JSON line is kept as computed values."""
+        jobs = 200 if self.quick else 1000
+        script = self.code_root / "scripts" / "bench_slurm.py"
+
+        def cmd(cwd: Path) -> Cmd:
+            return Cmd([PY, str(script), "--jobs", str(jobs), "--rounds", "1"], cwd, env=self.env)
+
+        def verify(c: Cmd, run: Run) -> None:
+            lines = read(c.cwd / "stdout.txt").strip().splitlines()
+            run.extra["slurm"] = (
+                json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
+            )
+            if run.ok and not run.extra["slurm"]:
+                run.ok, run.note = False, f"no result line: {tail(c.cwd / 'stderr.txt')}"
+
+        tool = Tool(
+            "execute_batch vs sbatch --array (bench_slurm.py)", cmd, verify, jobs, "ssh_scheduler"
+        )
+
+        def targets(s: Scenario) -> list[Target]:
+            for run in tool.good():
+                s.computed.update(run.extra["slurm"])
+            return []
+
+        return Scenario(
+            "slurm",
+            f"(c) {jobs} x true through Slurm vs one sbatch --array by hand",
+            [Group([tool])],
+            {"jobs": jobs},
+            targets,
+            rounds=1,
+        )
+
     # ----- running
     def run_scenario(self, s: Scenario) -> None:
         rounds = s.rounds or self.args.rounds
@@ -1537,7 +1574,8 @@ def main() -> int:
     ap.add_argument(
         "--scenarios",
         default="1,2,3,4,5,6,7,combine," + ",".join(FILE_SCENARIOS),
-        help="comma list of 1-7, 'combine' and the file-transfer ones, " + ", ".join(FILE_SCENARIOS) + " (default: all)",
+        help="comma list of 1-7, 'combine', the file-transfer ones (" + ", ".join(FILE_SCENARIOS) + "), "
+        + ", ".join(SCALE_SCENARIOS) + " and 'slurm' (default: 1-7, combine and the file-transfer ones)",
     )
     ap.add_argument("--quick", action="store_true", help="1 round, smaller sizes")
     ap.add_argument(
@@ -1572,11 +1610,11 @@ def main() -> int:
         args.rounds = 1
     args.floor_channels = [int(x) for x in str(args.floor_channels).split(",") if x.strip()]
     wanted = [x.strip() for x in args.scenarios.split(",") if x.strip()]
-    valid = {"1", "2", "3", "4", "5", "6", "7", "combine", *FILE_SCENARIOS, *SCALE_SCENARIOS}
+    valid = {"1", "2", "3", "4", "5", "6", "7", "combine", "slurm", *FILE_SCENARIOS, *SCALE_SCENARIOS}
     bad = [w for w in wanted if w not in valid]
     if bad or args.rounds < 1:
         ap.error(
-            f"unknown scenario(s) {bad}; choose from 1-7 and combine"
+            f"unknown scenario(s) {bad}; choose from 1-7, combine and slurm"
             if bad
             else "--rounds must be >= 1"
         )
@@ -1647,10 +1685,12 @@ def main() -> int:
         makers = {
             "1": bench.scenario1, "2": bench.scenario2, "3": bench.scenario3, "4": bench.scenario4,
             "5": bench.scenario5, "6": bench.scenario6, "7": bench.scenario7, "combine": bench.scenario_combine,
+            "slurm": bench.scenario_slurm,
         }  # fmt: skip
         makers.update(bench_files.scenarios(bench))
         makers.update(scale_makers(bench))
-        for sid in [v for v in ["1", "2", "3", "4", "5", "6", "7", "combine", *FILE_SCENARIOS, *SCALE_SCENARIOS] if v in wanted]:
+        order = ["1", "2", "3", "4", "5", "6", "7", "combine", *FILE_SCENARIOS, *SCALE_SCENARIOS, "slurm"]
+        for sid in [v for v in order if v in wanted]:
             if sid == "5" and bench.cluster is not None and not bench.cluster.namespaces:
                 errors[sid] = "skipped: set_latency needs the namespaced cluster (root)"
                 continue

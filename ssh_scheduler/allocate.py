@@ -96,6 +96,9 @@ __all__ = [
 
 _NO_USAGE: Mapping[str, OwnUsage] = MappingProxyType({})
 _NO_FIT: tuple[float, tuple[int, ...]] = (-math.inf, ())
+QUEUE_SCORE = -10.0
+"""Where a queue's scores start (``HostState.job_slots``): below any host's, whose headroom
+fractions stay above -1 even overloaded."""
 
 
 class MachineResources:
@@ -406,7 +409,10 @@ class MachineResources:
     def could_ever_fit(self, needs: Needs) -> bool:
         """Whether the job fits this machine empty and free of other users: against
         ``cpu_count * cpu_overload``, ``mem_total_mb``, each GPU's ``memory.total`` and the
-        number of GPUs.  Used to reject impossible jobs before anything runs."""
+        number of GPUs.  Used to reject impossible jobs before anything runs.  A batch
+        system's queue takes any job: it refuses at submission what it could never run."""
+        if self._state.job_slots is not None:
+            return True
         if needs.cpus > self._cpu_capacity + EPS or needs.memory_mb > self._mem_total:
             return False
         if needs.gpus == 0:
@@ -433,6 +439,12 @@ class MachineResources:
 
     def _evaluate(self, needs: Needs) -> tuple[float, tuple[int, ...]]:
         """The score and the chosen GPU positions (in ``state.gpus``), or :data:`_NO_FIT`."""
+        slots = self._state.job_slots
+        if slots is not None:
+            # A batch system's queue (Slurm): it places jobs and judges fit itself; we keep at
+            # most `slots` jobs there, and only after every host with room (below their scores).
+            free = slots - len(self._running)
+            return (QUEUE_SCORE + (free - 1) / slots, ()) if free > 0 else _NO_FIT
         if self._holder is not None:
             return _NO_FIT
         capacity = self._cpu_capacity

@@ -17,6 +17,7 @@ from typing import Any
 from .config import Machine
 from .errors import AuthenticationError, HostKeyError, HostUnreachableError, TransportError
 from .machine_env import with_setup
+from .slurm import SlurmSettings
 from .transport import connect
 
 __all__ = ["HostReport", "check_hosts", "parse_report", "report_lines"]
@@ -40,11 +41,23 @@ fi
 """
 
 
-def check_script(workdir: str, setup: tuple[str, ...] = ()) -> str:
+_SLURM_SCRIPT = r"""
+for tool in sbatch squeue scancel scontrol; do
+  if out=$($tool --version 2>&1); then echo "slurm=$out"; else echo "slurm_error=$tool: $(echo "$out" | tail -n 1)"; fi
+done
+if out=$(squeue --me -h -o %i 2>&1); then :; else echo "slurm_error=squeue: $(echo "$out" | tail -n 1)"; fi
+"""
+
+
+def check_script(workdir: str, setup: tuple[str, ...] = (), slurm: SlurmSettings | None = None) -> str:
     """The remote check, for ``sh``; a ``~`` work root is the remote home.  The machine's
-    ``setup:`` runs as before a job (bash, not interactive) and its failure is reported."""
+    ``setup:`` runs as before a job (bash, not interactive) and its failure is reported.  A Slurm
+    login node also runs sbatch, squeue, scancel and scontrol (after its ``command_prefix``),
+    and squeue must reach the controller."""
     root = '"$HOME"' + shlex.quote(workdir[1:]) if workdir.startswith("~") else shlex.quote(workdir)
     script = _SCRIPT.format(root=root)
+    if slurm is not None:
+        script += (slurm.command_prefix + "\n" if slurm.command_prefix else "") + _SLURM_SCRIPT
     if setup:
         recipe = shlex.quote(with_setup("true", setup))
         script += (
@@ -70,6 +83,8 @@ class HostReport:
     latency_ms: float | None = None
     setup: str = ""
     """``ok``, ``failed`` or empty (the machine has no ``setup:``)."""
+    slurm: str = ""
+    """A Slurm login node's Slurm version, once its commands ran (empty otherwise)."""
     problems: list[str] = field(default_factory=list)
     """Each: what is wrong, then ``; fix: ...``."""
 
@@ -108,6 +123,13 @@ def parse_report(report: HostReport, text: str) -> None:
                 report.cuda = value.strip()
             case "setup":
                 report.setup = "ok"
+            case "slurm":
+                report.slurm = value.strip()
+            case "slurm_error":
+                report.problems.append(
+                    f"Slurm does not answer on this login node ({value.strip()}); fix: put sbatch and squeue on "
+                    "the PATH (slurm: command_prefix: 'module load slurm', say) and check that squeue works there"
+                )
             case "setup_error":
                 report.setup = "failed"
                 report.problems.append(
@@ -149,7 +171,7 @@ async def check_host(machine: Machine, *, accept_new: bool = False) -> HostRepor
         began = time.monotonic()
         await transport.exec("true")
         report.latency_ms = round((time.monotonic() - began) * 1000, 1)
-        result = await transport.exec(check_script(machine.workdir, machine.setup))
+        result = await transport.exec(check_script(machine.workdir, machine.setup, machine.slurm))
         parse_report(report, result.stdout.decode(errors="replace"))
     except TransportError as exc:
         report.problems.append(f"the checks did not finish: {exc}")
@@ -184,6 +206,8 @@ def report_lines(reports: list[HostReport]) -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     for r in reports:
+        if r.slurm:
+            lines.append(f"{r.host}: a Slurm login node ({r.slurm}): sbatch, squeue, scancel and scontrol run")
         lines.extend(f"{r.host}: {problem}" for problem in r.problems)
     return lines
 

@@ -36,6 +36,7 @@ import yaml
 
 from ssh_scheduler.errors import ConfigError, plain_text, show_value
 from ssh_scheduler.machine_env import parse_env, parse_setup
+from ssh_scheduler.slurm import SlurmSettings, parse_slurm_section
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
@@ -97,6 +98,8 @@ class Machine:
     (an old host that speaks nothing newer)."""
     is_local: bool = False
     """The coordinator's own machine, run without SSH."""
+    slurm: SlurmSettings | None = None
+    """``slurm:``: the host is a Slurm login node; jobs go to Slurm through it (executor_slurm)."""
     source: str = ""
     """Where it came from, for messages: the YAML path, ``<ssh config> (Host x)`` or the spec."""
 
@@ -193,6 +196,7 @@ MACHINE_KEYS: dict[str, str] = {
     "env": "variables every job gets, like {OMP_NUM_THREADS: 4}",
     "setup": "shell lines run before every job, like 'conda activate exp'",
     "proxy_jump": "a jump host, like user@bastion:22",
+    "slurm": "this host is a Slurm login node: {partition: gpu, max_queued: 64, ...}",
 }
 """Every key a machine YAML may have, with a short description (used in messages)."""
 
@@ -464,6 +468,8 @@ def parse_machine_yaml(text: str, *, source: str, base_dir: Path | None = None) 
     if raw_jump is not None:
         proxy_jump = check_proxy_jump(raw_jump, at("proxy_jump"), "'proxy_jump'")
 
+    slurm = parse_slurm_section(given("slurm"), at("slurm")) if "slurm" in data else None
+
     return Machine(
         name=name,
         host=host,
@@ -479,6 +485,7 @@ def parse_machine_yaml(text: str, *, source: str, base_dir: Path | None = None) 
         legacy_algorithms=legacy_algorithms,
         env=env,
         setup=setup,
+        slurm=slurm,
         source=source,
     )
 

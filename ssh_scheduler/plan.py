@@ -287,8 +287,8 @@ class Planner:
         base = self.options.needs
         if not base.gpus or self.options.gpus_explicit:
             return base
-        if any(h.resources.state.gpus for h in self.hosts.values() if h.resources is not None):
-            return base
+        if any(h.resources.state.gpus or h.resources.state.job_slots for h in self.hosts.values() if h.resources is not None):
+            return base  # (a Slurm queue may have GPUs: sbatch says when it has none)
         if not self.answered:
             return None
         # The ancestor requires a GPU by default; on a fleet without any it could never be

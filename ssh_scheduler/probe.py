@@ -93,6 +93,9 @@ class HostState:
     gpu_processes: tuple[GpuProcess, ...] = ()
     user: str | None = None
     gpu_error: str | None = None
+    job_slots: int | None = None
+    """Set for a batch system's queue (a Slurm login node): at most this many of our jobs at
+    once, whatever the resources say (they are placeholders: the batch system places jobs)."""
 
 
 GPU_QUERY_FIELDS = (

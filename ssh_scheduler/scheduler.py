@@ -19,6 +19,7 @@ import random
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from .batch import Job
@@ -42,6 +43,7 @@ from .events import (
     HostProbed,
     Notice,
 )
+from .executor_slurm import SlurmExecutor, open_slurm_executor
 from .executors import Executor, open_executor, probe_only
 from .forward import check_forward_size, check_job_copies, describe_forward
 from .jobrun import JobRun, JobSpec, OutputFiles, job_environment
@@ -63,6 +65,7 @@ from .plan import (
     StopBatch,
 )
 from .results_folder import hold_results_folder, refuse_planted_links
+from .slurm import queue_state
 from .terminal import Printer, TerminalLines
 from .transfer import ForwardSet, Hasher, collect_forward
 
@@ -201,8 +204,11 @@ class Batch:
 
         async def one(machine: Machine) -> None:
             try:
-                async with self._connecting:
-                    state = await probe_only(machine, accept_new=self.options.accept_new, keepalive=self.options.keepalive)
+                if machine.slurm is not None:  # a dry run plans into the queue without connecting
+                    state = queue_state(machine.slurm)
+                else:
+                    async with self._connecting:
+                        state = await probe_only(machine, accept_new=self.options.accept_new, keepalive=self.options.keepalive)
             except (HostKeyError, AuthenticationError) as exc:
                 raise _named(machine.name, exc) from None
             except TransportError as exc:
@@ -225,10 +231,7 @@ class Batch:
         planner, name = self.planner, machine.name
         try:
             async with self._connecting:
-                executor = await open_executor(
-                    machine, accept_new=self.options.accept_new, keepalive=self.options.keepalive,
-                    lease=self.options.lease, token=self.token,
-                )
+                executor = await self._open(machine)
         except (HostKeyError, AuthenticationError) as exc:
             raise _named(name, exc) from None
         except TransportError as exc:
@@ -283,6 +286,14 @@ class Batch:
             self.bus.publish(Notice(level="error", message=str(exc)))
         return errors[0]
 
+    async def _open(self, machine: Machine) -> Executor:
+        """Connect to a host: through our agent, or to Slurm through a login node's agent."""
+        opener = open_executor if machine.slurm is None else partial(open_slurm_executor, settings=machine.slurm)
+        return await opener(
+            machine, accept_new=self.options.accept_new, keepalive=self.options.keepalive,
+            lease=self.options.lease, token=self.token,
+        )
+
     async def _probe(self, host: str) -> None:
         """One re-probe the planner asked for (it keeps them coalesced and rate-limited)."""
         assert self.planner is not None
@@ -320,10 +331,7 @@ class Batch:
             delay = min(delay * 2, REVIVE_MAX_DELAY)
             try:
                 async with self._connecting:
-                    executor = await open_executor(
-                        self.machines[host], accept_new=self.options.accept_new, keepalive=self.options.keepalive,
-                        lease=self.options.lease, token=self.token,
-                    )
+                    executor = await self._open(self.machines[host])
             except TransportError:
                 continue
             try:
@@ -482,6 +490,8 @@ class Batch:
         output = OutputFiles(
             options.results_dir, name, append=start.resume, mirror={1: [1], 2: [2]} if options.echo_output else {}
         )
+        if isinstance(executor, SlurmExecutor):  # sbatch asks for the job's needs and --time
+            executor.needs[name], executor.timeouts[name] = planner.jobs[name].needs, options.timeout
         run = self._runs[name] = JobRun(executor, spec, output)
         try:
             try:
@@ -493,6 +503,9 @@ class Batch:
 
                     def started() -> None:
                         log.info("sent: %s's inputs are on %s (%d bytes sent there so far)", name, executor.name, executor.bytes_sent)
+                        if isinstance(executor, SlurmExecutor):  # started = Slurm runs it (--timeout counts from there)
+                            executor.on_running[name] = lambda: self._perform(planner.job_started(name, time.time()))
+                            return
                         self._perform(planner.job_started(name, time.time()))
 
                     ended = await run.run(resume=start.resume, on_started=started)

@@ -33,8 +33,9 @@ from tests.cluster import (
     sshd_available,
     start_cluster,
 )
+from tests.conftest_slurm import slurm  # noqa: F401  (the real-Slurm fixture)
 
-CLUSTER_FIXTURES = ("cluster4", "make_cluster")
+CLUSTER_FIXTURES = ("cluster4", "make_cluster", "slurm")
 
 
 def cluster4_specs() -> list[HostSpec]:

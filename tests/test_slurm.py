@@ -1,0 +1,285 @@
+"""ssh_scheduler.slurm (pure): sbatch from a job's needs, the slurm: section, and Slurm's own
+answers, captured from the test Slurm (tests/data/slurm/) -- squeue, scontrol, sbatch refusals."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ssh_scheduler.errors import ConfigError
+from ssh_scheduler.needs import Needs
+from ssh_scheduler.slurm import (
+    SlurmSettings,
+    batch_script,
+    final_status,
+    job_name,
+    parse_poll_reply,
+    parse_scontrol,
+    parse_slurm_section,
+    parse_squeue,
+    parse_submitted,
+    poll_command,
+    sbatch_argv,
+    status_of,
+    submit_command,
+)
+
+DATA = Path(__file__).parent / "data" / "slurm"
+
+
+def data(name: str) -> str:
+    return (DATA / name).read_text()
+
+
+def scontrol_jobs(name: str) -> dict[str, dict[str, str]]:
+    rows = [parse_scontrol(line) for line in data(name).splitlines() if line.startswith("JobId=")]
+    return {
+        row["JobName"] if row["JobName"] != "tokA-array" else f"array-{row['ArrayTaskId']}": row
+        for row in rows
+    }
+
+
+def test_sbatch_asks_for_the_jobs_needs_and_carries_the_batch_token() -> None:
+    settings = SlurmSettings(
+        partition="gpu", account="lab", qos="high", sbatch_args=("--constraint=a100",)
+    )
+    argv = sbatch_argv(
+        settings, name=job_name("tok1", "jobs.sh.3"), jobdir="/users/u/w/jobs/tok1-jobs.sh.3",
+        needs=Needs(cpus=2.5, memory_mb=4000, gpus=2), timeout=90,
+    )  # fmt: skip
+    assert argv[:2] == ["sbatch", "--parsable"]
+    for option in (
+        "--job-name=sshs-tok1-jobs.sh.3", "--chdir=/users/u/w/jobs/tok1-jobs.sh.3",
+        "--output=/users/u/w/jobs/tok1-jobs.sh.3.out", "--error=/users/u/w/jobs/tok1-jobs.sh.3.err",
+        "--partition=gpu", "--account=lab", "--qos=high", "--gres=gpu:2", "--cpus-per-task=3",
+        "--mem=4000M", "--time=2", "--constraint=a100",
+    ):  # fmt: skip
+        assert option in argv
+    cpu_only = sbatch_argv(
+        SlurmSettings(time_limit="1:00:00"),
+        name="n",
+        jobdir="/d",
+        needs=Needs(gpus=0),
+        timeout=None,
+    )
+    assert not any(a.startswith(("--gres", "--partition")) for a in cpu_only)
+    assert "--time=1:00:00" in cpu_only
+
+
+def test_the_batch_script_leaves_cuda_visible_devices_to_slurm_for_gpu_jobs() -> None:
+    env = {"SSH_SCHEDULER_JOB": "j 1", "CUDA_VISIBLE_DEVICES": "4,5", "X": "it's"}
+    gpu = batch_script("echo $X", env, gpus=1)
+    assert "CUDA_VISIBLE_DEVICES" not in gpu
+    assert "export SSH_SCHEDULER_JOB='j 1'" in gpu and "bash --norc -c 'echo $X'" in gpu
+    cpu = batch_script("true", {"CUDA_VISIBLE_DEVICES": ""}, gpus=0)
+    assert "export CUDA_VISIBLE_DEVICES=''" in cpu  # a job without GPUs sees none
+    # the submit line hands the script to sbatch on stdin, and it arrives intact
+    line = submit_command(SlurmSettings(command_prefix="true"), ["cat"], gpu)
+    assert (
+        subprocess.run(["/bin/sh", "-c", line], capture_output=True, text=True, check=True).stdout
+        == gpu
+    )
+
+
+def test_what_sbatch_printed() -> None:
+    assert parse_submitted("42\n") == "42"
+    assert parse_submitted("43;cluster2\n") == "43"
+    assert parse_submitted(data("sbatch_impossible.txt")) is None
+
+
+def test_squeue_states_as_captured() -> None:
+    queue = parse_squeue(data("squeue_mixed.txt"))
+    assert queue["2"].name == "tokA-ok" and queue["2"].state == "COMPLETED"
+    assert queue["9_2"].state == "FAILED" and queue["9_2"].reason == "NonZeroExitCode"
+    assert status_of(queue["5"].state).running
+    assert status_of(queue["7"].state).done
+    requeued = parse_squeue(data("squeue_requeued.txt"))["3"]
+    assert requeued.state == "PENDING" and requeued.reason == "BeginTime"
+    assert status_of(requeued.state).waiting  # a requeued job is followed, not ended
+    timed_out = parse_squeue(data("squeue_timeout.txt"))["2"]
+    assert status_of(timed_out.state).code == 124
+    # the same job in scontrol: running, then requeued (Restarts=1) and waiting for a node
+    before, after = (
+        parse_scontrol(data("scontrol_before_node_kill.txt")),
+        parse_scontrol(data("scontrol_requeued_node_down.txt")),
+    )
+    assert (before["JobState"], before["Restarts"]) == ("RUNNING", "0")
+    assert (after["JobState"], after["Restarts"]) == ("PENDING", "1") and after[
+        "Reason"
+    ].startswith("ReqNodeNotAvail")
+    assert final_status(data("scontrol_requeued_node_down.txt")).waiting  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("job", "code", "message"),
+    [
+        ("tokA-ok", 0, None),
+        ("tokA-fail", 3, None),
+        ("tokA-sig", 137, "Slurm: JobLaunchFailure"),
+        ("tokA-cancel", 143, "cancelled in Slurm (scancel)"),
+        ("array-2", 2, None),
+    ],
+)
+def test_exit_codes_from_scontrol_as_captured(job: str, code: int, message: str | None) -> None:
+    row = scontrol_jobs("scontrol_mixed.txt")[job]
+    status = status_of(row["JobState"], row["ExitCode"], row["Reason"])
+    assert status.done and status.code == code and status.message == message
+
+
+def test_final_status_from_scontrol_or_sacct() -> None:
+    line = next(x for x in data("scontrol_mixed.txt").splitlines() if "JobName=tokA-fail " in x)
+    assert final_status(line) == status_of("FAILED", "3:0", "NonZeroExitCode")
+    assert final_status(data("scontrol_requeued.txt")) is not None
+    assert not final_status(data("scontrol_requeued.txt")).done  # type: ignore[union-attr]
+    assert final_status("sacct 17|TIMEOUT|0:0\n17.batch|CANCELLED|0:15\n").code == 124  # type: ignore[union-attr]
+    assert final_status("slurm_load_jobs error: Invalid job id specified") is None
+    timeout = parse_scontrol(data("scontrol_timeout.txt"))
+    assert status_of(timeout["JobState"], timeout["ExitCode"]).code == 124
+
+
+def test_the_poll_script_runs_and_its_reply_parses(tmp_path: Path) -> None:
+    """The query itself, run here with stand-ins for squeue and scontrol on the PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "squeue").write_text(f"#!/bin/sh\ncat {DATA / 'squeue_mixed.txt'}\n")
+    (bin_dir / "scontrol").write_text(
+        f'#!/bin/sh\ngrep "^JobId=$4 " {DATA / "scontrol_mixed.txt"}\n'
+    )
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    (tmp_path / "j.out").write_bytes(b"hello\nworld\n")
+    (tmp_path / "j2.err").write_bytes(b"oops\n")
+    command = poll_command(
+        SlurmSettings(command_prefix=f"PATH={shlex.quote(str(bin_dir))}:$PATH"),
+        ["3", "5"],
+        {
+            "j": (str(tmp_path / "j"), 6, 0),
+            "j2": (str(tmp_path / "j2"), 0, 0),
+            "none": (str(tmp_path / "none"), 0, 0),
+        },
+    )
+    out = subprocess.run(
+        ["/bin/sh", "-c", command], capture_output=True, text=True, check=True
+    ).stdout
+    reply = parse_poll_reply(out)
+    assert reply.squeue_ok and reply.queue["3"].state == "FAILED"
+    assert set(reply.detail) == {"3"}  # 5 still runs: no scontrol for it
+    assert final_status(reply.detail["3"]).code == 3  # type: ignore[union-attr]
+    assert reply.data == {"j": {1: b"world\n"}, "j2": {2: b"oops\n"}}
+    with pytest.raises(ValueError, match="no answer"):
+        parse_poll_reply("python3: not found\n")
+    assert json.loads(out)["rc"] == 0
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ([1], "'slurm' must be a mapping"),
+        ({"partiton": "gpu"}, "unknown key 'slurm.partiton'"),
+        ({"max_queued": 0}, "'slurm.max_queued' must be a whole number from 1 to 100000"),
+        ({"sbatch_args": ["constraint=a"]}, "'slurm.sbatch_args' must be a list of sbatch options"),
+        ({"partition": ""}, "'slurm.partition' must be one line of text"),
+        ({"poll_interval": 0}, "'slurm.poll_interval' must be a number of seconds"),
+        ({"arrays": "yes"}, "'slurm.arrays' must be true or false"),
+    ],
+)
+def test_slurm_section_errors_are_one_line_with_the_fix(section: object, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_slurm_section(section, "m.yaml:3")
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_slurm_section_values() -> None:
+    settings = parse_slurm_section(
+        {
+            "partition": "gpu",
+            "max_queued": 64,
+            "sbatch_args": "--constraint=a100 --nice=5",
+            "command_prefix": "module load slurm",
+        },
+        "m",
+    )
+    assert settings == SlurmSettings(
+        partition="gpu",
+        max_queued=64,
+        sbatch_args=("--constraint=a100", "--nice=5"),
+        command_prefix="module load slurm",
+    )
+    assert parse_slurm_section(None, "m") == SlurmSettings()
+
+
+def test_a_slurm_queue_takes_max_queued_jobs_after_every_host_with_room() -> None:
+    from ssh_scheduler.allocate import MachineResources, choose
+    from ssh_scheduler.probe import GpuState, HostState
+
+    queue = MachineResources(
+        "slurm",
+        HostState(cpu_count=3, load_1m=0.0, mem_total_mb=0, mem_available_mb=0, job_slots=3),
+    )
+    gpu = GpuState(0, "GPU-1", "H100", 16000, 0, 16000, 0.0)
+    host = MachineResources(
+        "box",
+        HostState(cpu_count=4, load_1m=0.0, mem_total_mb=8000, mem_available_mb=8000, gpus=(gpu,)),
+    )
+    needs = Needs(gpus=2, memory_mb=10**6)  # more than any placeholder: Slurm judges, not us
+    assert queue.could_ever_fit(needs) and not host.could_ever_fit(needs)
+    one = Needs(gpus=1)
+    placed = []
+    for n in range(5):
+        target = choose([queue, host], one)
+        if target is None:
+            break
+        placed.append((target.name, target.allocate(f"j{n}", one).gpu_indices))
+    # the host first, then three in the queue, with no GPU of ours: Slurm sets CUDA_VISIBLE_DEVICES
+    assert placed == [("box", (0,)), ("slurm", ()), ("slurm", ()), ("slurm", ())]
+    queue.release("j2")
+    assert choose([queue, host], one) is queue
+
+
+def test_an_array_runs_each_task_in_its_own_jobs_folder(tmp_path: Path) -> None:
+    from ssh_scheduler.slurm_array import (
+        array_script,
+        array_submit_command,
+        parse_array_script,
+        shared_options,
+    )
+
+    folders = [str(tmp_path / f"tok-j {n}") for n in range(3)]  # a space survives the quoting
+    assert parse_array_script(array_script(folders)) == folders
+    one, two = (
+        sbatch_argv(
+            SlurmSettings(partition="p"),
+            name=f"sshs-t-{n}",
+            jobdir=folders[n],
+            needs=Needs(gpus=1),
+            timeout=None,
+        )
+        for n in (0, 1)
+    )
+    assert shared_options(one) == shared_options(two) and "--gres=gpu:1" in shared_options(one)
+    assert shared_options(one) != shared_options(
+        sbatch_argv(SlurmSettings(), name="x", jobdir="/d", needs=Needs(gpus=2), timeout=None)
+    )
+    # the submission line writes every job's script and the dispatch script, then runs sbatch
+    # (a stand-in here answers as sbatch --parsable does)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text("#!/bin/sh\necho 77\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    for folder in folders:
+        Path(folder).mkdir()
+    jobs = [(f, batch_script(f"echo task {n} in $PWD", {}, gpus=1)) for n, f in enumerate(folders)]
+    line = array_submit_command(
+        SlurmSettings(command_prefix=f"PATH={shlex.quote(str(bin_dir))}:$PATH"), shared_options(one),
+        name="sshs-t-@a", workdir=str(tmp_path), script_path=str(tmp_path / "t-@a.array"), jobs=jobs,
+    )  # fmt: skip
+    done = subprocess.run(["/bin/sh", "-c", line], capture_output=True, text=True, check=True)
+    assert parse_submitted(done.stdout) == "77"
+    for n, folder in enumerate(folders):  # task n of the array, as slurmd would run it
+        env = {"SLURM_ARRAY_TASK_ID": str(n), "PATH": "/usr/bin:/bin"}
+        subprocess.run(["/bin/sh", str(tmp_path / "t-@a.array")], env=env, check=True)
+        assert Path(folder + ".out").read_text() == f"task {n} in {folder}\n"

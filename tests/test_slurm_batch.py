@@ -1,0 +1,218 @@
+"""execute_batch with a Slurm machine (executor_slurm) against the real test Slurm of
+tests/slurm_cluster.py, through its SSH login node."""
+
+from __future__ import annotations
+
+import re
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from ssh_scheduler.journal import batch_token
+from tests.conftest_slurm import SlurmSite
+from tests.live_batch import LiveBatch, batch_env, run_batch, wait_until
+
+DOCTOR = [sys.executable, "-m", "ssh_scheduler", "doctor"]
+
+
+def slurm_machine(slurm: SlurmSite, tmp_path: Path, **settings: object) -> str:
+    path = tmp_path / "slurm.yaml"
+    path.write_text(
+        yaml.safe_dump(slurm.slurm.machine_yaml(slurm.login, poll_interval=0.3, **settings))
+    )
+    return str(path)
+
+
+def shared_dir(slurm: SlurmSite) -> Path:
+    """A fresh folder in the login user's home, which every Slurm node sees at the same path."""
+    path = slurm.login.home / f"shared-{secrets.token_hex(3)}"
+    assert slurm.login.ssh(f"mkdir {path}").returncode == 0
+    return path
+
+
+def test_gpu_batch_one_job_per_gpu_with_output_results_and_exit_codes(
+    slurm: SlurmSite, tmp_path: Path
+) -> None:
+    marks = shared_dir(slurm)
+    # each job holds its GPU until all eight have started: eight at once on 4 nodes x 2 GPUs
+    job = (
+        f"echo $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES; touch {marks}/$SSH_SCHEDULER_JOB; "
+        f"n=0; while [ $(ls {marks} | wc -l) -lt 8 ] && [ $n -lt 600 ]; do sleep 0.1; n=$((n+1)); done; "
+        "echo made > result.txt; echo to-stderr >&2"
+    )
+    lines = [job] * 7 + [job + "; exit 3"]
+    (tmp_path / "jobs.sh").write_text("\n".join(lines) + "\n")
+    result = run_batch(
+        tmp_path,
+        "jobs.sh",
+        "--machines",
+        slurm_machine(slurm, tmp_path, max_queued=8),
+        "--gpus-per-job",
+        "1",
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    out = result.stdout.splitlines()
+    assert len([line for line in out if line.startswith("started: jobs.sh.")]) == 8, result.stdout
+    assert len([line for line in out if line.startswith("finished: jobs.sh.")]) == 7, result.stdout
+    assert any(line.startswith("failed: jobs.sh.8;") and "exit 3" in line for line in out), (
+        result.stdout
+    )
+    results = tmp_path / "job_results"
+    placed = [(results / f"jobs.sh.{n}.out").read_text().split() for n in range(1, 9)]
+    assert all(p[0] in slurm.slurm.nodes and p[1] in ("0", "1") for p in placed), placed
+    assert len({tuple(p) for p in placed}) == 8, placed  # one job per GPU, set by Slurm
+    for n in range(1, 9):
+        assert (results / f"jobs.sh.{n}" / "result.txt").read_text() == "made\n"
+        assert (results / f"jobs.sh.{n}.err").read_text() == "to-stderr\n"
+    token = batch_token(results)
+    ours = [j for j in slurm.slurm.jobs() if j["JobName"].startswith(f"sshs-{token}-")]
+    assert sorted(j["JobState"] for j in ours) == ["COMPLETED"] * 7 + ["FAILED"]
+    # submitted together with the same needs: one sbatch --array, named after its first job
+    assert len({j["ArrayJobId"] for j in ours}) == 1 and all(
+        j["JobName"].startswith(f"sshs-{token}-@jobs.sh.") for j in ours
+    )
+
+
+def test_output_streams_home_while_the_job_runs(slurm: SlurmSite, tmp_path: Path) -> None:
+    gate = shared_dir(slurm)
+    (tmp_path / "jobs.sh").write_text(
+        f"echo first; n=0; while [ ! -e {gate}/go ] && [ $n -lt 1200 ]; do sleep 0.1; n=$((n+1)); done; echo second\n"
+    )
+    batch = LiveBatch(
+        tmp_path, "jobs.sh", "--machines", slurm_machine(slurm, tmp_path), "--no-gpu-required"
+    )
+    try:
+        out = tmp_path / "job_results" / "jobs.sh.1.out"
+        wait_until(
+            lambda: out.exists() and out.read_text() == "first\n",
+            "the first line at home",
+            timeout=60,
+        )
+        assert not (gate / "go").exists()  # still running: it waits for the gate
+        assert slurm.login.ssh(f"touch {gate}/go").returncode == 0
+        assert batch.finish(timeout=120) == 0, batch.text()
+    finally:
+        if batch.proc.poll() is None:
+            batch.kill()
+    assert out.read_text() == "first\nsecond\n"
+
+
+def test_a_job_sbatch_refuses_is_a_failed_line(slurm: SlurmSite, tmp_path: Path) -> None:
+    (tmp_path / "jobs.sh").write_text("echo never\n")
+    result = run_batch(
+        tmp_path, "jobs.sh", "--machines", slurm_machine(slurm, tmp_path), "--gpus-per-job", "3"
+    )
+    assert result.returncode == 1
+    assert any(line.startswith("failed: jobs.sh.1;") for line in result.stdout.splitlines()), (
+        result.stdout
+    )
+    err = (tmp_path / "job_results" / "jobs.sh.1.err").read_text()
+    assert "sbatch refused it" in err and "Requested node configuration is not available" in err, (
+        err
+    )
+
+
+def test_a_mixed_batch_uses_an_ssh_host_and_slurm_together(
+    slurm: SlurmSite, tmp_path: Path
+) -> None:
+    (tmp_path / "jobs.sh").write_text(
+        "sleep 1; echo slurm=${SLURM_JOB_ID:-none} gpu=$CUDA_VISIBLE_DEVICES\n" * 6
+    )
+    result = run_batch(
+        tmp_path, "jobs.sh", "--machines", str(slurm.plain.machine_file), slurm_machine(slurm, tmp_path, max_queued=4),
+        "--gpus-per-job", "1",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    said = [
+        (tmp_path / "job_results" / f"jobs.sh.{n}.out").read_text().split() for n in range(1, 7)
+    ]
+    on_host = [s for s in said if s[0] == "slurm=none"]
+    in_slurm = [s for s in said if s[0] != "slurm=none"]
+    assert on_host and in_slurm, said
+    assert all(s[1] == "gpu=0" for s in on_host)  # the host's one GPU, placed by us
+    assert all(s[1] in ("gpu=0", "gpu=1") for s in in_slurm)  # placed by Slurm
+
+
+def doctor(cwd: Path, machine: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*DOCTOR, "--machines", machine],
+        cwd=cwd,
+        env=batch_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_doctor_checks_slurm_on_the_login_node(slurm: SlurmSite, tmp_path: Path) -> None:
+    good = doctor(tmp_path, slurm_machine(slurm, tmp_path))
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert re.search(
+        r"^login: a Slurm login node \(slurm\S* 22\.05\.\d+\): sbatch, squeue", good.stdout, re.M
+    ), good.stdout
+    # an ordinary host named a Slurm login node: its squeue finds no Slurm to talk to
+    bad_yaml = tmp_path / "not-slurm.yaml"
+    bad_yaml.write_text(
+        yaml.safe_dump({**slurm.plain.machine_yaml(), "slurm": {"partition": "debug"}})
+    )
+    bad = doctor(tmp_path, str(bad_yaml))
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "plain: Slurm does not answer on this login node (squeue: " in bad.stdout
+    assert "fix: put sbatch and squeue on the PATH" in bad.stdout
+
+
+def test_a_dry_run_plans_jobs_into_the_slurm_queue(slurm: SlurmSite, tmp_path: Path) -> None:
+    (tmp_path / "jobs.sh").write_text("true\n" * 3)
+    result = run_batch(
+        tmp_path, "jobs.sh", "--machines", slurm_machine(slurm, tmp_path, max_queued=2), "--dry-run"
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    plans = [line for line in result.stdout.splitlines() if line.startswith("plan: ")]
+    assert len(plans) == 3 and all(" -> login " in line for line in plans), result.stdout
+    assert "slurm.yaml': 2}" in result.stdout  # machine limits: the queue's max_queued
+    assert "gpu choices: [[]]" in result.stdout  # no GPUs of ours: Slurm places them
+
+
+def one_cpu_job(
+    slurm: SlurmSite, tmp_path: Path, line: str, *options: str
+) -> tuple[subprocess.CompletedProcess[str], dict[str, str]]:
+    """Run a one-line batch without GPUs on Slurm; the batch's result and Slurm's record of the job."""
+    (tmp_path / "jobs.sh").write_text(line + "\n")
+    result = run_batch(
+        tmp_path,
+        "jobs.sh",
+        "--machines",
+        slurm_machine(slurm, tmp_path),
+        "--no-gpu-required",
+        *options,
+    )
+    token = batch_token(tmp_path / "job_results")
+    (row,) = [j for j in slurm.slurm.jobs() if j["JobName"] == f"sshs-{token}-jobs.sh.1"]
+    return result, row
+
+
+def test_timeout_is_slurms_time_limit_and_ends_the_job_on_time(
+    slurm: SlurmSite, tmp_path: Path
+) -> None:
+    result, row = one_cpu_job(slurm, tmp_path, "echo begun; sleep 120", "--timeout", "2")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert any(
+        line.startswith("failed: jobs.sh.1;") and "timed out" in line
+        for line in result.stdout.splitlines()
+    ), result.stdout
+    assert row["TimeLimit"] == "00:01:00"  # --time, in Slurm's whole minutes
+    assert row["JobState"] == "CANCELLED"  # and our own --timeout scancelled it first
+    assert (tmp_path / "job_results" / "jobs.sh.1.out").read_text() == "begun\n"
+
+
+def test_output_past_max_output_bytes_is_dropped_and_the_job_cancelled(
+    slurm: SlurmSite, tmp_path: Path
+) -> None:
+    line = "head -c 100000 /dev/zero | tr '\\0' x; sleep 120"
+    result, row = one_cpu_job(slurm, tmp_path, line, "--max-output-bytes", "1000")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert (tmp_path / "job_results" / "jobs.sh.1.out").read_text() == "x" * 1000
+    assert row["JobState"] == "CANCELLED"
