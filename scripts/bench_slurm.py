@@ -78,7 +78,8 @@ def through_us(machine: dict[str, object], jobs: int, workdir: Path) -> tuple[fl
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise RuntimeError(f"execute_batch failed ({proc.returncode}): {err[-2000:]}")
-    done = len(list((workdir / "job_results").glob("jobs.sh.*.out")))
+    # Each committed job has its results folder (a silent job leaves no .out file).
+    done = sum(1 for p in (workdir / "job_results").glob("jobs.sh.*") if p.is_dir())
     return wall, usage.ru_utime + usage.ru_stime, done
 
 
