@@ -14,8 +14,15 @@ lifecycle (up, down, quarantined), each job's phase and attempts, the queue (FIF
 needs, so a big GPU job waiting for room does not hold back small CPU jobs), dependencies
 (``Job.after``), retries (preferably on a host where the job has not failed), requeue of jobs a
 lost host took down, quarantine after repeated outages, ``--halt``, ``--timeout`` and the two
-steps of stopping (drain, then kill).  The start of a batch (when it opens, hosts that answer
-late, jobs no host could ever fit, reattachment) is its base class, in :mod:`ssh_scheduler.plan_start`.
+steps of stopping (drain, then kill).  A job's room is given back when its processes exit
+(:meth:`Planner.job_exited`), so the next job starts there while the results travel home; its
+end is final, and what waits for it with ``after`` may start, only at
+:meth:`Planner.job_committed`.  In between it is ``copying``: not killed by ``--timeout``,
+``--halt now`` or ``cancel`` (its processes are gone; killing would only lose its results), and
+a host with ``copy_backs_per_host`` copy-backs in flight starts no new job until one lands.
+
+The start of a batch (when it opens, hosts that answer late, jobs no host could ever fit,
+reattachment) is the planner's base class, in :mod:`ssh_scheduler.plan_start`.
 """
 
 from __future__ import annotations
@@ -137,8 +144,8 @@ class Planner(PlannerStart):
 
     @property
     def done(self) -> bool:
-        """Nothing runs and nothing more will start."""
-        if any(slot.phase is JobPhase.RUNNING for slot in self.jobs.values()):
+        """Nothing runs or copies back, and nothing more will start."""
+        if self._busy():
             return False
         if self.draining or self.halted:
             return True
@@ -148,7 +155,15 @@ class Planner(PlannerStart):
         return self.jobs[job].phase
 
     def running(self) -> list[str]:
+        """Jobs placed whose processes did not end yet (staging or running)."""
         return [name for name, slot in self.jobs.items() if slot.phase is JobPhase.RUNNING]
+
+    def copying_back(self) -> list[str]:
+        """Jobs that exited and whose results are on their way home (their room is free)."""
+        return [name for name, slot in self.jobs.items() if slot.phase is JobPhase.COPYING]
+
+    def _busy(self) -> bool:
+        return any(slot.phase in (JobPhase.RUNNING, JobPhase.COPYING) for slot in self.jobs.values())
 
     def resources(self, host: str) -> MachineResources | None:
         return self.hosts[host].resources
@@ -256,14 +271,20 @@ class Planner(PlannerStart):
             )
             actions.append(Discard(job, host.name))
             return actions + self._dispatch()
+        # Its processes are gone: its room went back above and the next job may start there
+        # while its results travel home.  Its end is final only at job_committed (what waits
+        # for it with ``after`` may read those results).
+        slot.phase = JobPhase.COPYING
+        host.copying += 1
         actions.append(Commit(job))
         return actions + self._dispatch()
 
     def job_committed(self, job: str, ended: Ended, bytes_received: int = 0, now: float | None = None) -> list[Action]:
         """The attempt's results are home (or could not be brought): the job's end is final."""
         slot = self.jobs[job]
-        assert slot.placement is not None
+        assert slot.placement is not None and slot.phase is JobPhase.COPYING
         host = slot.placement.machine
+        self.hosts[host].copying -= 1
         seconds = (now - slot.started_at) if now is not None and slot.started_at is not None else 0.0
         actions: list[Action] = []
         if ended.ok:
@@ -300,11 +321,15 @@ class Planner(PlannerStart):
         return actions + self._dispatch()
 
     def job_cancelled(self, job: str) -> list[Action]:
-        """The attempt was cancelled (stop, halt now) and its processes killed."""
+        """The attempt was cancelled (stop, halt now) and its processes killed, or its copy-back
+        was cancelled (the second stop cancels everything)."""
         slot = self.jobs[job]
+        copying = slot.phase is JobPhase.COPYING
         slot.phase = JobPhase.CANCELLED
         host = slot.placement.machine if slot.placement is not None else ""
-        if slot.placement is not None and (resources := self.hosts[host].resources) is not None:
+        if copying:  # released at its exit
+            self.hosts[host].copying -= 1
+        elif slot.placement is not None and (resources := self.hosts[host].resources) is not None:
             resources.release(job)
             self.probes.released(host, slot.probes_before)
         actions: list[Action] = [Say(JobCancelled(job=job, host=host))]
@@ -403,6 +428,9 @@ class Planner(PlannerStart):
         if slot is None or slot.phase in FINAL_PHASES:
             state = "is not part of this batch" if slot is None else f"already {slot.phase.value}"
             return [Say(Notice(level="warning", message=f"cancel {job}: {state}"))]
+        if slot.phase is JobPhase.COPYING:
+            message = f"cancel {job}: it already ended; its results are being copied back"
+            return [Say(Notice(level="warning", message=message))]
         if slot.phase is JobPhase.RUNNING:
             if slot.killing:
                 return []
@@ -429,7 +457,10 @@ class Planner(PlannerStart):
     def _dispatch(self) -> list[Action]:
         if not self._began or self.draining or self.paused:
             return []
-        usable = [h.resources for h in self.hosts.values() if h.usable and h.resources is not None]
+        bound = self.options.copy_backs_per_host
+        usable = [
+            h.resources for h in self.hosts.values() if h.usable and h.resources is not None and h.copying < bound
+        ]
         actions: list[Action] = []
         for needs, queue in self._queues.items():
             while queue:
@@ -453,7 +484,7 @@ class Planner(PlannerStart):
         if actions or not any(self._queues.values()):
             self._last_wait = ""
             return actions
-        if any(slot.phase is JobPhase.RUNNING for slot in self.jobs.values()):
+        if self._busy():  # a job's end (or a copy-back landing) makes room
             return actions
         # Nothing of ours runs and nothing fits.
         if not any(h.usable or h.reviving for h in self.hosts.values()):
