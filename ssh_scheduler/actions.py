@@ -113,7 +113,8 @@ Action = StartJob | KillJob | Commit | Discard | Reprobe | Revive | Cleanup | St
 class JobPhase(Enum):
     BLOCKED = "blocked"  # waits for jobs in ``after``
     QUEUED = "queued"
-    RUNNING = "running"  # placed: staging, running or bringing results home
+    RUNNING = "running"  # placed: staging or running
+    COPYING = "copying"  # exited, its results on their way home: its room is free again
     FINISHED = "finished"
     FAILED = "failed"
     NOT_RUN = "not_run"
@@ -136,6 +137,10 @@ class PlanOptions:
     """Seconds between a host's periodic probes (``--probe-interval``)."""
     probe_gap: float = 1.0
     """The shortest time between a host's probes asked for by job ends."""
+    copy_backs_per_host: int = 32
+    """Copy-backs in flight on one host beyond which it starts no new job: a job's room is free
+    at its exit, so thousands of short jobs could otherwise pile up commits (and their disk and
+    transfer load) faster than they land."""
 
 
 @dataclass(slots=True)
@@ -148,6 +153,7 @@ class HostSlot:
     quarantined: bool = False
     reviving: bool = False
     answered: bool = False  # the first connect and probe landed or failed
+    copying: int = 0  # our jobs that exited here and whose results are on their way home
 
     @property
     def usable(self) -> bool:

@@ -1,6 +1,6 @@
 """The planner: every decision of a batch as a pure state machine.  Events in, actions out.
 
-The coordinator (``coordinator.py``) performs I/O and tells the planner what happened by calling
+The coordinator (``scheduler.py``) performs I/O and tells the planner what happened by calling
 one method per event (a probe landed, a job started or exited, a host was lost or came back, a
 timer fired, the user asked to stop); each method returns the :data:`Action` list to perform:
 start a job on a host and GPUs, kill a job, discard or commit an attempt's results, re-probe,
@@ -14,14 +14,21 @@ lifecycle (up, down, quarantined), each job's phase and attempts, the queue (FIF
 needs, so a big GPU job waiting for room does not hold back small CPU jobs), dependencies
 (``Job.after``), retries (preferably on a host where the job has not failed), requeue of jobs a
 lost host took down, quarantine after repeated outages, ``--halt``, ``--timeout`` and the two
-steps of stopping (drain, then kill).
+steps of stopping (drain, then kill).  A job's room is given back when its processes exit
+(:meth:`Planner.job_exited`), so the next job starts there while the results travel home; its
+end is final, and what waits for it with ``after`` may start, only at
+:meth:`Planner.job_committed`.  In between it is ``copying``: not killed by ``--timeout``,
+``--halt now`` or ``cancel`` (its processes are gone; killing would only lose its results), and
+a host with ``copy_backs_per_host`` copy-backs in flight starts no new job until one lands.
+
+The start of a batch (when it opens, hosts that answer late, jobs no host could ever fit,
+reattachment) is the planner's base class, in :mod:`ssh_scheduler.plan_start`.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 
 from .actions import (
     FINAL_PHASES,
@@ -45,16 +52,13 @@ from .allocate import (
     Needs,
     OwnUsage,
     choose,
-    explain_unfit,
-    max_concurrent,
 )
 from .batch import Job
-from .errors import TransportError, UnsatisfiableError
+from .errors import UnsatisfiableError
 from .events import (
     TIMED_OUT,
     BatchPaused,
     BatchResumed,
-    BatchStarted,
     Ended,
     HostBack,
     HostDown,
@@ -64,7 +68,6 @@ from .events import (
     JobFinished,
     JobNotRun,
     JobPlaced,
-    JobReattached,
     JobRequeued,
     JobRetrying,
     JobStarted,
@@ -73,6 +76,7 @@ from .events import (
     Stopping,
     Waiting,
 )
+from .plan_start import PlannerStart
 from .policy import Resumable
 from .probe import HostState
 from .probe_schedule import ProbeSchedule
@@ -94,8 +98,10 @@ __all__ = [
 ]
 
 
-class Planner:
-    """One batch's decisions.  Feed it events (method calls), perform what they return."""
+class Planner(PlannerStart):
+    """One batch's decisions.  Feed it events (method calls), perform what they return.
+
+    The start (when the batch opens, hosts answering late) is in :class:`PlannerStart`."""
 
     def __init__(
         self,
@@ -121,16 +127,7 @@ class Planner:
         self._queues: dict[Needs, deque[str]] = {}
         self._dependents: dict[str, list[str]] = {}
         self._last_wait = ""
-        self._began = False  # BatchStarted was said: jobs may be placed
-        self._token: str | None = None  # begin() was called: open as soon as ready
-        self._overdue = False  # the coordinator stopped waiting for the slow first probes
-        self._placed_any = False
-        # Needs no answered host could ever fit (yet): refused once every host has answered.
-        self._unresolved: set[Needs] = set()
-        # Jobs an earlier run left on a host that has not answered yet: they wait for it, to be
-        # taken up there rather than started twice.
-        self._held: dict[str, list[JobSlot]] = {}
-        self._found: dict[str, Mapping[str, bool]] = {}  # agent jobs of hosts that answered early
+        self._init_start()
         self.probes = ProbeSchedule(list(self.hosts), options.probe_interval, options.probe_gap)
         done = already_done or {}
         for slot in self.jobs.values():
@@ -147,28 +144,26 @@ class Planner:
 
     @property
     def done(self) -> bool:
-        """Nothing runs and nothing more will start."""
-        if any(slot.phase is JobPhase.RUNNING for slot in self.jobs.values()):
+        """Nothing runs or copies back, and nothing more will start."""
+        if self._busy():
             return False
         if self.draining or self.halted:
             return True
         return not any(self._queues.values()) and not any(self._held.values())
 
-    @property
-    def began(self) -> bool:
-        """Jobs may be placed (the batch was announced)."""
-        return self._began
-
-    @property
-    def answered(self) -> bool:
-        """Every host's first connect and probe landed or failed."""
-        return all(h.answered for h in self.hosts.values())
-
     def phase(self, job: str) -> JobPhase:
         return self.jobs[job].phase
 
     def running(self) -> list[str]:
+        """Jobs placed whose processes did not end yet (staging or running)."""
         return [name for name, slot in self.jobs.items() if slot.phase is JobPhase.RUNNING]
+
+    def copying_back(self) -> list[str]:
+        """Jobs that exited and whose results are on their way home (their room is free)."""
+        return [name for name, slot in self.jobs.items() if slot.phase is JobPhase.COPYING]
+
+    def _busy(self) -> bool:
+        return any(slot.phase in (JobPhase.RUNNING, JobPhase.COPYING) for slot in self.jobs.values())
 
     def resources(self, host: str) -> MachineResources | None:
         return self.hosts[host].resources
@@ -208,186 +203,6 @@ class Planner:
     def _jobs_waiting(self) -> bool:
         return not (self.draining or self.paused) and any(self._queues.values())
 
-    # -- the start -----------------------------------------------------------------------------
-
-    # Each host answers once at the start (its connect and probe landed or failed), in any order
-    # and at any time.  The batch opens (BatchStarted, then placements) when every host has
-    # answered, or earlier once the coordinator calls the slow ones overdue
-    # (:meth:`probes_overdue`): from then on each host takes jobs as soon as it answers.
-
-    def host_unreachable(self, host: str, reason: str) -> list[Action]:
-        """Connecting failed at the start: the host is retried in the background."""
-        slot = self.hosts[host]
-        slot.down = reason
-        self.probes.failed(host)
-        actions: list[Action] = [Say(HostDown(host=host, reason=reason, at_start=True))]
-        if slot.answered:
-            return actions
-        slot.answered = True
-        return actions + self._host_answered(slot)
-
-    def probe_landed(
-        self,
-        host: str,
-        state: HostState,
-        own: Mapping[str, OwnUsage] | None = None,
-        generation: int | None = None,
-        *,
-        agent_jobs: Mapping[str, bool] | None = None,
-        now: float | None = None,
-    ) -> list[Action]:
-        """A probe of ``host`` landed.  ``agent_jobs``: with a host's first probe, what its agent
-        still holds from an earlier run (see :meth:`agent_jobs_found`); ``now``: when (it times
-        the next periodic probe)."""
-        slot = self.hosts[host]
-        self.probes.landed(host, now)
-        if slot.resources is None:
-            slot.resources = MachineResources(host, state)
-        else:
-            slot.resources.update(state, own or {}, generation)
-        if slot.answered:
-            return self._dispatch() if self._began else []
-        slot.answered = True
-        if agent_jobs:
-            self._found[host] = agent_jobs
-        return self._host_answered(slot)
-
-    def probe_failed(self, host: str, reason: str) -> list[Action]:
-        slot = self.hosts[host]
-        if not slot.answered or not self._began:
-            return self.host_unreachable(host, reason)
-        self.probes.failed(host)
-        return self._host_failed(slot, reason)
-
-    def begin(self, token: str) -> list[Action]:
-        """Start the batch: it opens as soon as every host answered (now, if they all did), or
-        earlier after :meth:`probes_overdue`.  Opening settles each job's needs, refuses a job
-        no host could ever fit (before anything runs) and announces the batch; the jobs are
-        placed by the event that opened it, or by :meth:`kick` when this call did."""
-        self._token = token
-        return self._open() if self._ready() else []
-
-    def probes_overdue(self) -> list[Action]:
-        """The coordinator waited long enough for the first probes: open with the hosts that
-        answered; each other host takes jobs when it answers."""
-        self._overdue = True
-        if self._began or not self._ready():
-            return []
-        return self._open() + self._dispatch()
-
-    def _ready(self) -> bool:
-        if self._token is None or self._began:
-            return False
-        if self.answered:
-            return True
-        return self._overdue and self._base_needs() is not None and any(h.usable for h in self.hosts.values())
-
-    def _base_needs(self) -> Needs | None:
-        """The batch's needs; None while they depend on hosts that did not answer yet."""
-        base = self.options.needs
-        if not base.gpus or self.options.gpus_explicit:
-            return base
-        if any(h.resources.state.gpus or h.resources.state.job_slots for h in self.hosts.values() if h.resources is not None):
-            return base  # (a Slurm queue may have GPUs: sbatch says when it has none)
-        if not self.answered:
-            return None
-        # The ancestor requires a GPU by default; on a fleet without any it could never be
-        # met, so unless the user asked for GPUs it quietly becomes "no GPU".
-        return replace(base, gpus=0, gpu_memory_mb=0, gpu_utilization=0.0, reserve_gpu=False)
-
-    def _host_answered(self, slot: HostSlot) -> list[Action]:
-        if not self._began:
-            return self._open() + self._dispatch() if self._ready() else []
-        actions = self._take_up(slot.name)
-        if slot.down is not None:
-            actions += self._revive(slot)
-        return actions + self._resolve() + self._dispatch()
-
-    def _take_up(self, host: str) -> list[Action]:
-        """What ``host``'s agent holds from an earlier run, then the jobs that waited for it."""
-        found = self._found.pop(host, None)
-        actions = self.agent_jobs_found(host, found) if found else []
-        for slot in reversed(self._held.pop(host, [])):
-            if slot.phase is JobPhase.QUEUED and slot.placement is None:
-                self._enqueue(slot, front=True)
-        return actions
-
-    def _open(self) -> list[Action]:
-        base = self._base_needs()
-        assert base is not None
-        usable = [h.resources for h in self.hosts.values() if h.usable and h.resources is not None]
-        if not usable:
-            reasons = "; ".join(f"{h.name}: {h.down}" for h in self.hosts.values())
-            raise TransportError(f"no usable host ({reasons})")
-        checked: dict[Needs, bool] = {}
-        for name, slot in self.jobs.items():
-            slot.needs = slot.job.needs.apply(base) if not slot.job.needs.empty else base
-            fits = checked.get(slot.needs)
-            if fits is None:
-                fits = checked[slot.needs] = any(m.could_ever_fit(slot.needs) for m in usable)
-            if not fits:
-                if self.answered:
-                    raise self._never_fits(name, slot.needs, usable, only=len(checked) == 1)
-                self._unresolved.add(slot.needs)
-        self._began = True
-        limits = tuple((h.label, max_concurrent(h.resources, base)) for h in self.hosts.values() if h.usable and h.resources is not None)
-        choices = tuple(
-            tuple(g.index for g in h.resources.state.gpus)
-            for h in self.hosts.values()
-            if h.usable and h.resources is not None
-        )
-        actions: list[Action] = [
-            Say(BatchStarted(token=self._token or "", jobs=self.total, hosts=tuple(self.hosts), limits=limits, gpu_choices=choices))
-        ]
-        for slot in self.jobs.values():
-            entry = self.resumable.get(slot.job.name)
-            if slot.phase is JobPhase.QUEUED:
-                if entry is not None and entry.host in self.hosts and not self.hosts[entry.host].answered:
-                    self._held.setdefault(entry.host, []).append(slot)
-                else:
-                    self._enqueue(slot)
-            elif slot.phase is JobPhase.NOT_RUN:
-                missing = [n for n in slot.job.after if n not in self.jobs]
-                actions.append(Say(JobNotRun(job=slot.job.name, reason=f"{missing[0]} failed in an earlier run (--retry-failed reruns it)")))
-        for host in self.hosts.values():
-            if host.down is not None:
-                actions += self._revive(host)
-        for name in list(self._found):
-            actions += self._take_up(name)
-        return actions
-
-    @staticmethod
-    def _never_fits(job: str, needs: Needs, usable: list[MachineResources], *, only: bool) -> UnsatisfiableError:
-        every = " (and every job of this batch)" if only else ""
-        return UnsatisfiableError(
-            f"job {job}{every} can never run: {explain_unfit(usable, needs)}; "
-            "lower the job's needs or add a bigger machine"
-        )
-
-    def _resolve(self) -> list[Action]:
-        """Needs no host fitted when the batch opened: fine once a host that fits answers;
-        once every host has answered, the jobs still unfit can never run: the batch is refused
-        if nothing was placed yet, else just those jobs are not run."""
-        if not self._unresolved:
-            return []
-        usable = [h.resources for h in self.hosts.values() if h.usable and h.resources is not None]
-        self._unresolved = {n for n in self._unresolved if not any(m.could_ever_fit(n) for m in usable)}
-        if not self._unresolved or not self.answered:
-            return []
-        actions: list[Action] = []
-        for name, slot in self.jobs.items():
-            if slot.needs not in self._unresolved or slot.phase not in (JobPhase.QUEUED, JobPhase.BLOCKED):
-                continue
-            error = self._never_fits(name, slot.needs, usable, only=False)
-            if not self._placed_any:
-                raise error
-            self._dequeue(slot)
-            slot.phase = JobPhase.NOT_RUN
-            actions.append(Say(JobNotRun(job=name, reason=str(error))))
-            actions += self._not_run_after(name)
-        self._unresolved.clear()
-        return actions
-
     def dry_run(self) -> list[PlanLine]:
         """The schedule if jobs ended in the order they started (the placements of ``--dry-run``)."""
         running: deque[tuple[MachineResources, str]] = deque()
@@ -410,34 +225,6 @@ class Planner:
         for machine, name in running:
             machine.release(name)
         return lines
-
-    def agent_jobs_found(self, host: str, jobs: Mapping[str, bool]) -> list[Action]:
-        """What a host's agent still holds from an earlier coordinator (job -> still running):
-        take up what the journal says ran there and is still to do; end everything else."""
-        actions: list[Action] = []
-        slot_host = self.hosts[host]
-        for name, running in jobs.items():
-            slot = self.jobs.get(name)
-            entry = self.resumable.pop(name, None)
-            if (
-                slot is None
-                or entry is None
-                or entry.host != host
-                or slot.phase is not JobPhase.QUEUED
-                or slot_host.resources is None
-            ):
-                if slot is None or slot.placement is None or slot.placement.machine != host:
-                    actions.append(Cleanup(host, name))
-                continue
-            self._dequeue(slot)
-            placement = slot_host.resources.adopt(name, slot.needs, entry.gpus)
-            slot.phase, slot.placement = JobPhase.RUNNING, placement
-            self._placed_any = True
-            # Its use may be in the probe that just landed: its release then calls for a probe.
-            slot.probes_before = self.probes.hosts[host].landed - 1
-            actions.append(Say(JobReattached(job=name, host=host, gpus=placement.gpu_indices, running=running)))
-            actions.append(StartJob(slot.job, placement, slot.attempt, resume=True))
-        return actions
 
     def kick(self) -> list[Action]:
         """Place what fits now (after :meth:`begin` and any reattachment)."""
@@ -484,14 +271,20 @@ class Planner:
             )
             actions.append(Discard(job, host.name))
             return actions + self._dispatch()
+        # Its processes are gone: its room went back above and the next job may start there
+        # while its results travel home.  Its end is final only at job_committed (what waits
+        # for it with ``after`` may read those results).
+        slot.phase = JobPhase.COPYING
+        host.copying += 1
         actions.append(Commit(job))
         return actions + self._dispatch()
 
     def job_committed(self, job: str, ended: Ended, bytes_received: int = 0, now: float | None = None) -> list[Action]:
         """The attempt's results are home (or could not be brought): the job's end is final."""
         slot = self.jobs[job]
-        assert slot.placement is not None
+        assert slot.placement is not None and slot.phase is JobPhase.COPYING
         host = slot.placement.machine
+        self.hosts[host].copying -= 1
         seconds = (now - slot.started_at) if now is not None and slot.started_at is not None else 0.0
         actions: list[Action] = []
         if ended.ok:
@@ -528,11 +321,15 @@ class Planner:
         return actions + self._dispatch()
 
     def job_cancelled(self, job: str) -> list[Action]:
-        """The attempt was cancelled (stop, halt now) and its processes killed."""
+        """The attempt was cancelled (stop, halt now) and its processes killed, or its copy-back
+        was cancelled (the second stop cancels everything)."""
         slot = self.jobs[job]
+        copying = slot.phase is JobPhase.COPYING
         slot.phase = JobPhase.CANCELLED
         host = slot.placement.machine if slot.placement is not None else ""
-        if slot.placement is not None and (resources := self.hosts[host].resources) is not None:
+        if copying:  # released at its exit
+            self.hosts[host].copying -= 1
+        elif slot.placement is not None and (resources := self.hosts[host].resources) is not None:
             resources.release(job)
             self.probes.released(host, slot.probes_before)
         actions: list[Action] = [Say(JobCancelled(job=job, host=host))]
@@ -631,6 +428,9 @@ class Planner:
         if slot is None or slot.phase in FINAL_PHASES:
             state = "is not part of this batch" if slot is None else f"already {slot.phase.value}"
             return [Say(Notice(level="warning", message=f"cancel {job}: {state}"))]
+        if slot.phase is JobPhase.COPYING:
+            message = f"cancel {job}: it already ended; its results are being copied back"
+            return [Say(Notice(level="warning", message=message))]
         if slot.phase is JobPhase.RUNNING:
             if slot.killing:
                 return []
@@ -657,7 +457,10 @@ class Planner:
     def _dispatch(self) -> list[Action]:
         if not self._began or self.draining or self.paused:
             return []
-        usable = [h.resources for h in self.hosts.values() if h.usable and h.resources is not None]
+        bound = self.options.copy_backs_per_host
+        usable = [
+            h.resources for h in self.hosts.values() if h.usable and h.resources is not None and h.copying < bound
+        ]
         actions: list[Action] = []
         for needs, queue in self._queues.items():
             while queue:
@@ -681,7 +484,7 @@ class Planner:
         if actions or not any(self._queues.values()):
             self._last_wait = ""
             return actions
-        if any(slot.phase is JobPhase.RUNNING for slot in self.jobs.values()):
+        if self._busy():  # a job's end (or a copy-back landing) makes room
             return actions
         # Nothing of ours runs and nothing fits.
         if not any(h.usable or h.reviving for h in self.hosts.values()):

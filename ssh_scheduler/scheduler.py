@@ -443,8 +443,11 @@ class Batch:
             self._tasks[name] = task
 
             def done(_: object) -> None:
-                self._tasks.pop(name, None)
-                self._runs.pop(name, None)
+                # A retry may be placed (a new task under this name) while this attempt still
+                # discards its folder: leave the newer attempt's task and run where they are.
+                if self._tasks.get(name) is task:
+                    del self._tasks[name]
+                    self._runs.pop(name, None)
                 self._changed.set()
 
             task.add_done_callback(done)

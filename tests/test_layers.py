@@ -12,7 +12,7 @@ import pytest
 import ssh_scheduler
 
 PACKAGE = Path(ssh_scheduler.__file__).parent
-PURE = ("actions", "allocate", "batch", "fit", "needs", "combine", "config", "events", "hostlist", "journal", "plan", "policy", "probe", "probe_schedule", "slurm", "slurm_array", "terminal")
+PURE = ("actions", "allocate", "batch", "fit", "needs", "combine", "config", "events", "hostlist", "journal", "plan", "plan_start", "policy", "probe", "probe_schedule", "slurm", "slurm_array", "terminal")
 
 
 @pytest.mark.parametrize("module", PURE)
