@@ -207,6 +207,7 @@ class JobStarted(Event):
     gpus: tuple[int, ...]
     command: str
     attempt: int = 1
+    slurm_job: str = ""  # the Slurm job id when Slurm runs it (then Slurm, not us, picks its GPUs)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

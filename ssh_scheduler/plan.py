@@ -232,8 +232,9 @@ class Planner(PlannerStart):
 
     # -- jobs ----------------------------------------------------------------------------------
 
-    def job_started(self, job: str, now: float) -> list[Action]:
-        """The job's inputs are on its host and its command is about to run."""
+    def job_started(self, job: str, now: float, slurm_job: str = "") -> list[Action]:
+        """The job's inputs are on its host and its command is about to run (or, on a Slurm
+        machine, Slurm runs it as ``slurm_job``)."""
         slot = self.jobs[job]
         slot.started_at = now
         assert slot.placement is not None
@@ -245,6 +246,7 @@ class Planner(PlannerStart):
                     gpus=slot.placement.gpu_indices,
                     command=slot.job.command,
                     attempt=slot.attempt,
+                    slurm_job=slurm_job,
                 )
             )
         ]

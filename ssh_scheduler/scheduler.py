@@ -507,7 +507,9 @@ class Batch:
                     def started() -> None:
                         log.info("sent: %s's inputs are on %s (%d bytes sent there so far)", name, executor.name, executor.bytes_sent)
                         if isinstance(executor, SlurmExecutor):  # started = Slurm runs it (--timeout counts from there)
-                            executor.on_running[name] = lambda: self._perform(planner.job_started(name, time.time()))
+                            executor.on_running[name] = lambda: self._perform(
+                                planner.job_started(name, time.time(), executor.submitted.get(name, ""))
+                            )
                             return
                         self._perform(planner.job_started(name, time.time()))
 

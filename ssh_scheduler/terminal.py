@@ -49,6 +49,8 @@ class TerminalLines:
     def __call__(self, event: Event) -> None:
         out, err = self.out, self.err
         match event:
+            case JobStarted() if event.slurm_job:  # Slurm, not us, sets CUDA_VISIBLE_DEVICES
+                out(f"started: {event.job};  {event.command}  (Slurm job {event.slurm_job} through {event.host})")
             case JobStarted():
                 out(f"started: {event.job};  export CUDA_VISIBLE_DEVICES={_gpus(event.gpus)} && {event.command}")
             case JobFinished():

@@ -55,7 +55,11 @@ def test_gpu_batch_one_job_per_gpu_with_output_results_and_exit_codes(
     )
     assert result.returncode == 1, result.stdout + result.stderr
     out = result.stdout.splitlines()
-    assert len([line for line in out if line.startswith("started: jobs.sh.")]) == 8, result.stdout
+    started = [line for line in out if line.startswith("started: jobs.sh.")]
+    assert len(started) == 8, result.stdout
+    # Slurm picks each job's GPU: the line names the Slurm job, not a CUDA_VISIBLE_DEVICES of ours
+    assert all(re.search(r"  \(Slurm job \d+(_\d+)? through ", line) for line in started), started
+    assert not any("export CUDA_VISIBLE_DEVICES" in line for line in started), started
     assert len([line for line in out if line.startswith("finished: jobs.sh.")]) == 7, result.stdout
     assert any(line.startswith("failed: jobs.sh.8;") and "exit 3" in line for line in out), (
         result.stdout
