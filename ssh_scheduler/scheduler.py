@@ -288,7 +288,15 @@ class Batch:
 
     async def _open(self, machine: Machine) -> Executor:
         """Connect to a host: through our agent, or to Slurm through a login node's agent."""
-        opener = open_executor if machine.slurm is None else partial(open_slurm_executor, settings=machine.slurm)
+        # The agent starts the probe with its hello (_start_host and _revive probe right after
+        # this).  That probe lands with generation None ("taken just now", every ghost cleared),
+        # which is right: it was requested before any job was placed on this connection, so no
+        # release precedes it (allocate.py probe_started()).
+        opener = (
+            partial(open_executor, probe_first=True)
+            if machine.slurm is None
+            else partial(open_slurm_executor, settings=machine.slurm)
+        )
         return await opener(
             machine, accept_new=self.options.accept_new, keepalive=self.options.keepalive,
             lease=self.options.lease, token=self.token,
