@@ -1,0 +1,81 @@
+"""Hosts started before the batch is ready to use them.
+
+Start-up is the coordinator's CPU (imports, the batch's set-up) and the hosts' (sshd's key
+exchange, the agent's Python start, the first probe).  Done one after the other, the user
+waits for both; here the connections and agents are started as soon as the machine files are
+read, and the coordinator sets the rest of the batch up while the hosts start their agents.
+:class:`~ssh_scheduler.scheduler.Batch` then takes each host's executor from here instead
+of opening one.
+
+Only for a fresh results folder: its agents are started with a new batch token, which no other
+run can hold, so nothing an earlier run left (agents to reattach, jobs to resume) is touched
+before the batch is known to run.  A batch refused later (a bad copy forward, a command that
+changed) closes what was started here; the refusal and its message are the ones it always was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from collections.abc import Sequence
+from pathlib import Path
+
+from .config import Machine
+from .executors import Executor, open_executor
+from .journal import batch_token
+
+
+def suits(results_dir: Path) -> bool:
+    """Can a batch with this results folder start its hosts early (no earlier run's token)?"""
+    return batch_token(results_dir) is None
+
+
+class EarlyHosts:
+    """Connects, starts the agent and its first probe on every agent machine (not Slurm), at
+    most ``max_connecting`` at once; :meth:`take` hands each host's opening to the batch."""
+
+    def __init__(
+        self, machines: Sequence[Machine], *, accept_new: bool, keepalive: float | None, lease: float, max_connecting: int
+    ) -> None:
+        self.token = secrets.token_hex(8)
+        self.connecting = asyncio.Semaphore(max(1, max_connecting))  # the batch's, for later reconnects
+        self._machines = [m for m in machines if m.slurm is None]
+        self._accept_new, self._keepalive, self._lease = accept_new, keepalive, lease
+        self._tasks: dict[str, asyncio.Task[Executor]] = {}
+        self._connected: list[asyncio.Future[None]] = []
+
+    def start(self) -> None:
+        for machine in self._machines:
+            connected = asyncio.get_running_loop().create_future()
+            self._connected.append(connected)
+            self._tasks[machine.name] = asyncio.create_task(self._open(machine, connected))
+
+    async def _open(self, machine: Machine, connected: asyncio.Future[None]) -> Executor:
+        try:
+            async with self.connecting:
+                return await open_executor(
+                    machine, accept_new=self._accept_new, keepalive=self._keepalive, lease=self._lease,
+                    token=self.token, probe_first=True, on_connected=lambda: connected.set_result(None),
+                )
+        finally:
+            if not connected.done():
+                connected.set_result(None)
+
+    async def connected(self) -> None:
+        """Until every host is past its key exchange (its agent starting: the host's CPU from
+        there) or has failed; failures are the batch's to report when it takes the host."""
+        await asyncio.gather(*self._connected)
+
+    def take(self, name: str) -> asyncio.Task[Executor] | None:
+        return self._tasks.pop(name, None)
+
+    async def close(self) -> None:
+        """End what the batch did not take (it was refused, or gave the hosts up)."""
+        tasks, self._tasks = list(self._tasks.values()), {}
+        for task in tasks:
+            task.cancel()
+        for opened in await asyncio.gather(*tasks, return_exceptions=True):
+            if not isinstance(opened, BaseException):  # it was open before the cancel came
+                with contextlib.suppress(Exception):
+                    await opened.close()
