@@ -184,7 +184,6 @@ def execute_batch(
     from .batch import parse_batch
     from .config import load_machines, local_machine
     from .early_hosts import suits as early_start_suits
-    from .policy import parse_halt
     from .preflight import check_numbers, check_results_dir
 
     # --- detach (cli_detach.py): start the batch in the background, or be that background run ---
@@ -212,7 +211,10 @@ def execute_batch(
             num_cpus, memory_required, reserve, no_gpu_required, gpus_per_job,
             gpu_memory_required, gpu_utilization, no_reserve_gpu,
         )
-        halt_policy = parse_halt(halt)
+        if halt:  # a bad --halt is refused before any host is contacted
+            from .policy import parse_halt
+
+            parse_halt(halt)
         verbosity = -1 if quiet else verbose
         # The hosts can start their agents while we import and set the batch up (early_hosts.py);
         # not with -v, whose connection log would start before it is wired to the display.
@@ -220,6 +222,7 @@ def execute_batch(
 
         def prepare(early_hosts: EarlyHosts | None) -> tuple[Batch, contextlib.AbstractContextManager[Any]]:
             from .forward import DEFAULT_MAX_BYTES, DEFAULT_MAX_FILES, ForwardPolicy
+            from .policy import parse_halt
             from .scheduler import Batch, BatchOptions
             from .transfer import CopyLimits
 
@@ -239,7 +242,7 @@ def execute_batch(
                 retry_failed=retry_failed,
                 allow_changed=allow_changed,
                 timeout=timeout,
-                halt=halt_policy,
+                halt=parse_halt(halt),
                 keepalive=keepalive,
                 forward=ForwardPolicy(
                     allow_secrets=allow_secret_copies,

@@ -23,11 +23,14 @@ from pathlib import Path
 
 from .config import Machine
 from .executors import Executor, open_executor
-from .journal import batch_token
 
 
 def suits(results_dir: Path) -> bool:
     """Can a batch with this results folder start its hosts early (no earlier run's token)?"""
+    if not results_dir.exists():  # the usual first run: the journal code can load later
+        return True
+    from .journal import batch_token
+
     return batch_token(results_dir) is None
 
 
