@@ -301,7 +301,7 @@ def run_with_early_hosts(
         early = EarlyHosts(machines, **connect)
         early.start()
         try:
-            await early.connected()  # the coordinator's CPU goes to the handshakes first
+            await early.agents_starting()  # the handshakes first, then our set-up beside the agents
             batch, display = prepare(early)
         except BaseException:
             await early.close()

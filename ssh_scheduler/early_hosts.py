@@ -43,32 +43,35 @@ class EarlyHosts:
     ) -> None:
         self.token = secrets.token_hex(8)
         self.connecting = asyncio.Semaphore(max(1, max_connecting))  # the batch's, for later reconnects
+        self._first_wave = max(1, max_connecting)
         self._machines = [m for m in machines if m.slurm is None]
         self._accept_new, self._keepalive, self._lease = accept_new, keepalive, lease
         self._tasks: dict[str, asyncio.Task[Executor]] = {}
-        self._connected: list[asyncio.Future[None]] = []
+        self._starting: list[asyncio.Future[None]] = []
 
     def start(self) -> None:
         for machine in self._machines:
-            connected = asyncio.get_running_loop().create_future()
-            self._connected.append(connected)
-            self._tasks[machine.name] = asyncio.create_task(self._open(machine, connected))
+            starting = asyncio.get_running_loop().create_future()
+            self._starting.append(starting)
+            self._tasks[machine.name] = asyncio.create_task(self._open(machine, starting))
 
-    async def _open(self, machine: Machine, connected: asyncio.Future[None]) -> Executor:
+    async def _open(self, machine: Machine, starting: asyncio.Future[None]) -> Executor:
         try:
             async with self.connecting:
                 return await open_executor(
                     machine, accept_new=self._accept_new, keepalive=self._keepalive, lease=self._lease,
-                    token=self.token, probe_first=True, on_connected=lambda: connected.set_result(None),
+                    token=self.token, probe_first=True, on_hello_sent=lambda: starting.set_result(None),
                 )
         finally:
-            if not connected.done():
-                connected.set_result(None)
+            if not starting.done():
+                starting.set_result(None)
 
-    async def connected(self) -> None:
-        """Until every host is past its key exchange (its agent starting: the host's CPU from
-        there) or has failed; failures are the batch's to report when it takes the host."""
-        await asyncio.gather(*self._connected)
+    async def agents_starting(self) -> None:
+        """Until the first hosts (as many as connect at once) have their agents starting (the
+        host's CPU from there: sshd's exec, the Python start, the probe) or have failed.  Not
+        every host: with hundreds, the first would wait for the last before taking a job.
+        Failures are the batch's to report when it takes the host."""
+        await asyncio.gather(*self._starting[: self._first_wave])
 
     def take(self, name: str) -> asyncio.Task[Executor] | None:
         return self._tasks.pop(name, None)

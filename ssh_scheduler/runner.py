@@ -85,9 +85,16 @@ class HostSession:
     """Talks to one host's agent.  Use as ``async with HostSession(transport) as host:``."""
 
     def __init__(
-        self, transport: Transport, *, lease: float = DEFAULT_LEASE, token: str = "", first_probe: str | None = None
+        self,
+        transport: Transport,
+        *,
+        lease: float = DEFAULT_LEASE,
+        token: str = "",
+        first_probe: str | None = None,
+        on_hello_sent: Callable[[], None] | None = None,
     ) -> None:
         self.transport = transport
+        self.on_hello_sent = on_hello_sent  # the agent is starting: the host's CPU from here on
         self.token = token
         # A probe command sent inside the hello (no round trip of its own); its answer waits in
         # _folded_probe until the first probe() asks for that command.
@@ -125,9 +132,15 @@ class HostSession:
         if self.first_probe is not None:
             request.probe = P.Probe(cmd=self.first_probe)
             self._folded_probe = (request.probe, self._expect(request.probe))
+        future = self._expect(request)
         try:
-            hello = await self._call(request, P.HelloReply, timeout=30)
+            await self._send(request)
+            self._flush()  # now, not on the loop's next turn: the caller may be busy then
+            if self.on_hello_sent is not None:
+                self.on_hello_sent()
+            hello = await self._answer(request, future, P.HelloReply, 30)
         except ConnectionLostError:
+            self._calls.pop(request.id or 0, None)
             self._drop_folded_probe()
             if self._agent_ended:  # the agent ended before its hello: say why
                 status, stderr = await self.agent.exit_details()

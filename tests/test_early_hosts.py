@@ -45,7 +45,7 @@ def options(tmp_path: Path, **changes: object) -> BatchOptions:
 async def started(hostile: HostileServer) -> EarlyHosts:
     early = EarlyHosts([hostile.machine()], accept_new=False, keepalive=None, lease=60, max_connecting=8)
     early.start()
-    await early.connected()
+    await early.agents_starting()
     return early
 
 
