@@ -66,12 +66,22 @@ class EarlyHosts:
             if not starting.done():
                 starting.set_result(None)
 
-    async def agents_starting(self) -> None:
+    async def agents_starting(self, patience: float = 1.0) -> None:
         """Until the first hosts (as many as connect at once) have their agents starting (the
-        host's CPU from there: sshd's exec, the Python start, the probe) or have failed.  Not
-        every host: with hundreds, the first would wait for the last before taking a job.
-        Failures are the batch's to report when it takes the host."""
-        await asyncio.gather(*self._starting[: self._first_wave])
+        host's CPU from there: sshd's exec, the Python start, the probe) or have failed.
+
+        Not every host (with hundreds, the first would wait for the last before taking a job),
+        and not a slow one: after the first host, the others get as long again as it took, and
+        nobody more than ``patience`` seconds.  A host that does not answer (frozen, far, down)
+        is taken by the batch whenever it is ready; failures are the batch's to report."""
+        wave = self._starting[: self._first_wave]
+        if not wave:
+            return
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        done, pending = await asyncio.wait(wave, timeout=patience, return_when=asyncio.FIRST_COMPLETED)
+        if done and pending:
+            await asyncio.wait(pending, timeout=min(loop.time() - began, patience))
 
     def take(self, name: str) -> asyncio.Task[Executor] | None:
         return self._tasks.pop(name, None)

@@ -5,6 +5,7 @@ against the hostile server, which logs every command and agent request it gets."
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -97,3 +98,36 @@ async def test_a_folder_an_earlier_run_took_meanwhile_keeps_that_runs_token(
     started_agents = agents(hostile)
     assert len(started_agents) == 3 and early.token in started_agents[0]
     assert token in started_agents[2] and batch_token(results) == token  # reattached as a rerun does
+
+
+async def test_a_host_that_never_answers_does_not_hold_the_set_up_back(hostile: HostileServer) -> None:
+    """Its TCP is accepted and nothing is ever said (a frozen sshd): the batch is set up once
+    the answering host's agent is starting, and takes the silent one whenever it is ready."""
+    accepted: list[asyncio.StreamWriter] = []
+    silent = await asyncio.start_server(lambda _r, w: accepted.append(w), "127.0.0.1", 0)
+    port = silent.sockets[0].getsockname()[1]
+    machines = [hostile.machine(name="silent", port=port, connect_timeout=600.0), hostile.machine()]
+    early = EarlyHosts(machines, accept_new=False, keepalive=None, lease=60, max_connecting=8)
+    early.start()
+    waiting = None
+    try:
+        # patience far beyond the test's own limit: only the rule "as long again as the first
+        # host took" can end the wait
+        await asyncio.wait_for(early.agents_starting(patience=600), 120)
+        assert accepted  # it really was knocked on
+        waiting = early.take("silent")
+        assert waiting is not None and not waiting.done()
+        answered = early.take("evil")
+        assert answered is not None
+        executor = await answered  # the answering host opened, said hello and was probed
+        assert executor.agent_jobs == {} and executor.lost is None
+        await executor.close()
+    finally:
+        await early.close()
+        if waiting is not None:
+            waiting.cancel()
+            await asyncio.gather(waiting, return_exceptions=True)
+        for writer in accepted:
+            writer.close()
+        silent.close()
+        await silent.wait_closed()
