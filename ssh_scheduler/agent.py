@@ -322,9 +322,12 @@ class Agent(object):
     # -- requests ---------------------------------------------------------------------------------
     async def op_hello(self, req):
         self.lease = req.lease
+        if req.probe is not None:  # answered under its own id, exactly like a Probe request
+            self.keep(asyncio.ensure_future(self.guard(self.op_probe, req.probe)))
         jobs = dict((j.name, P.JobState(running=j.running, code=j.code)) for j in self.jobs.values())
         self.send(P.HelloReply(id=req.id, pid=os.getpid(), root=self.root,
-                               python=sys.version.split()[0], jobs=jobs))
+                               python=sys.version.split()[0], jobs=jobs,
+                               probing=req.probe is not None))
 
     async def op_ping(self, req):
         pass

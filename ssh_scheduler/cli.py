@@ -22,6 +22,10 @@ from .errors import SchedulerError
 
 if TYPE_CHECKING:
     from .allocate import Needs
+    from .batch_run import BatchSummary
+    from .config import Machine
+    from .early_hosts import EarlyHosts
+    from .scheduler import Batch
 
 DETACHED_ENV = "SSH_SCHEDULER_DETACHED"  # detach.DETACHED_ENV, without importing it at start-up
 invoked_args: list[str] = []
@@ -179,12 +183,8 @@ def execute_batch(
     """
     from .batch import parse_batch
     from .config import load_machines, local_machine
-    from .display import summary_lines
-    from .forward import DEFAULT_MAX_BYTES, DEFAULT_MAX_FILES, ForwardPolicy
-    from .policy import parse_halt
+    from .early_hosts import suits as early_start_suits
     from .preflight import check_numbers, check_results_dir
-    from .scheduler import Batch, BatchOptions
-    from .transfer import CopyLimits
 
     # --- detach (cli_detach.py): start the batch in the background, or be that background run ---
     if detach:
@@ -211,48 +211,105 @@ def execute_batch(
             num_cpus, memory_required, reserve, no_gpu_required, gpus_per_job,
             gpu_memory_required, gpu_utilization, no_reserve_gpu,
         )
-        options = BatchOptions(
-            needs=needs,
-            gpus_explicit=gpus_explicit,
-            copy_forwards=tuple(copy_forwards or (".",)),
-            copy_backwards=tuple(copy_backwards) if copy_backwards else None,
-            results_dir=results_dir,
-            dry_run=dry_run,
-            accept_new=accept_new,
-            probe_interval=probe_interval,
-            max_connecting=max_connecting,
-            lease=lease,
-            limits=CopyLimits(max_result_bytes, max_result_files, max_output_bytes),
-            retries=retries,
-            retry_failed=retry_failed,
-            allow_changed=allow_changed,
-            timeout=timeout,
-            halt=parse_halt(halt),
-            keepalive=keepalive,
-            forward=ForwardPolicy(
-                allow_secrets=allow_secret_copies,
-                allow_outside=allow_outside_copies,
-                confirmed=yes_copy_all or bool(copy_forwards),
-                max_bytes=DEFAULT_MAX_BYTES if forward_max_bytes is None else forward_max_bytes,
-                max_files=DEFAULT_MAX_FILES if forward_max_files is None else forward_max_files,
-            ),
-        )
+        if halt:  # a bad --halt is refused before any host is contacted
+            from .policy import parse_halt
+
+            parse_halt(halt)
         verbosity = -1 if quiet else verbose
-        batch = Batch(jobs, hosts, options)
-        display = detached_display(session, batch, verbosity) if session else batch_display(
-            batch, json_events=json_events, plain=plain, verbosity=verbosity
-        )
-        with display:
-            summary = run_async(batch.run, batch.request_stop)
+        # The hosts can start their agents while we import and set the batch up (early_hosts.py);
+        # not with -v, whose connection log would start before it is wired to the display.
+        early = bool(machines) and not dry_run and session is None and verbosity <= 0 and early_start_suits(results_dir)
+
+        def prepare(early_hosts: EarlyHosts | None) -> tuple[Batch, contextlib.AbstractContextManager[Any]]:
+            from .forward import DEFAULT_MAX_BYTES, DEFAULT_MAX_FILES, ForwardPolicy
+            from .policy import parse_halt
+            from .scheduler import Batch, BatchOptions
+            from .transfer import CopyLimits
+
+            options = BatchOptions(
+                needs=needs,
+                gpus_explicit=gpus_explicit,
+                copy_forwards=tuple(copy_forwards or (".",)),
+                copy_backwards=tuple(copy_backwards) if copy_backwards else None,
+                results_dir=results_dir,
+                dry_run=dry_run,
+                accept_new=accept_new,
+                probe_interval=probe_interval,
+                max_connecting=max_connecting,
+                lease=lease,
+                limits=CopyLimits(max_result_bytes, max_result_files, max_output_bytes),
+                retries=retries,
+                retry_failed=retry_failed,
+                allow_changed=allow_changed,
+                timeout=timeout,
+                halt=parse_halt(halt),
+                keepalive=keepalive,
+                forward=ForwardPolicy(
+                    allow_secrets=allow_secret_copies,
+                    allow_outside=allow_outside_copies,
+                    confirmed=yes_copy_all or bool(copy_forwards),
+                    max_bytes=DEFAULT_MAX_BYTES if forward_max_bytes is None else forward_max_bytes,
+                    max_files=DEFAULT_MAX_FILES if forward_max_files is None else forward_max_files,
+                ),
+            )
+            batch = Batch(jobs, hosts, options, early=early_hosts)
+            display = detached_display(session, batch, verbosity) if session else batch_display(
+                batch, json_events=json_events, plain=plain, verbosity=verbosity
+            )
+            return batch, display
+
+        if early:
+            summary = run_with_early_hosts(hosts, prepare, accept_new=accept_new, keepalive=keepalive,
+                                           lease=lease, max_connecting=max_connecting)
+        else:
+            batch, display = prepare(None)
+            with display:
+                summary = run_async(batch.run, batch.request_stop)
     except SchedulerError as exc:
         raise fail(exc) from None
     except asyncio.CancelledError:
         err_line("cancelled: running jobs were killed")
         raise typer.Exit(130) from None
     if not dry_run:
+        from .display import summary_lines
+
         for line in summary_lines(summary, results_dir):
             err_line(line)
     raise typer.Exit(summary.exit_code)
+
+
+def run_with_early_hosts(
+    machines: Sequence[Machine],
+    prepare: Callable[[EarlyHosts | None], tuple[Batch, contextlib.AbstractContextManager[Any]]],
+    **connect: Any,
+) -> BatchSummary:
+    """Start the hosts (early_hosts.py), set the batch up while they start their agents, run it."""
+    from .early_hosts import EarlyHosts
+
+    batch: Batch | None = None
+    main_task: asyncio.Task[Any] | None = None
+
+    def interrupted() -> None:  # before the batch exists, a signal ends the start-up
+        if batch is not None:
+            batch.request_stop()
+        elif main_task is not None:
+            main_task.cancel()
+
+    async def run() -> BatchSummary:
+        nonlocal batch, main_task
+        main_task = asyncio.current_task()
+        early = EarlyHosts(machines, **connect)
+        early.start()
+        try:
+            await early.agents_starting()  # the handshakes first, then our set-up beside the agents
+            batch, display = prepare(early)
+        except BaseException:
+            await early.close()
+            raise
+        with display:
+            return await batch.run()
+
+    return run_async(run, interrupted)
 
 
 def detached_display(session: Any, batch: Any, verbosity: int) -> contextlib.AbstractContextManager[Any]:

@@ -193,9 +193,14 @@ async def open_executor(
     keepalive: float | None = None,
     lease: float = DEFAULT_LEASE,
     token: str = "",
+    probe_first: bool = False,
+    on_hello_sent: Callable[[], None] | None = None,
 ) -> AgentExecutor:
     """Connect, start the agent and open the file channel; raises TransportError (HostKeyError,
-    AuthenticationError, AgentStartError...), or ConfigError for a machine we cannot work on."""
+    AuthenticationError, AgentStartError...), or ConfigError for a machine we cannot work on.
+    ``probe_first``: the agent starts the probe with its hello, so the first :meth:`probe` only
+    waits for the answer (for callers that probe at once; others would waste the host's CPU).
+    ``on_hello_sent``: called once the agent was started and its hello sent."""
     if machine.max_sessions < 2:  # refused before connecting: it could never work
         raise ConfigError(
             f"{machine.name}: max_sessions is {machine.max_sessions}, but a batch needs 2 ssh "
@@ -203,7 +208,10 @@ async def open_executor(
             "the host's sshd_config and max_sessions: 2 or more in the machine YAML"
         )
     transport = await connect(machine, accept_new=accept_new, keepalive=keepalive)
-    session = HostSession(transport, lease=lease, token=token)
+    session = HostSession(
+        transport, lease=lease, token=token, first_probe=PROBE_COMMAND if probe_first else None,
+        on_hello_sent=on_hello_sent,
+    )
     try:
         await session.__aenter__()
         await transport.open_file_channel()

@@ -351,14 +351,21 @@ class HelloReply(Reply):
     root: str
     python: str
     jobs: Dict[str, JobState] = {}  # jobs this agent already had (a reattached coordinator)
+    # True: the agent started the probe the hello carried; its ProbeReply follows under that
+    # probe's id.  Absent (an older agent ignores the field): the coordinator sends a Probe.
+    probing: bool = False
 
 
 class Hello(Request):
-    """The first request: sets the lease (seconds without a word before the jobs are killed)."""
+    """The first request: sets the lease (seconds without a word before the jobs are killed).
+
+    ``probe``: a probe to start at once, answered as if it had been sent on its own (a
+    ProbeReply or Error with its id), so placing the first job costs no extra round trip."""
 
     TAG = "hello"
     REPLY = HelloReply
     lease: float
+    probe: Optional[Probe] = None
 
 
 class Ping(Request):

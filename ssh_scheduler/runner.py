@@ -84,9 +84,22 @@ def root_matches(root: str, workdir: str) -> bool:
 class HostSession:
     """Talks to one host's agent.  Use as ``async with HostSession(transport) as host:``."""
 
-    def __init__(self, transport: Transport, *, lease: float = DEFAULT_LEASE, token: str = "") -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        lease: float = DEFAULT_LEASE,
+        token: str = "",
+        first_probe: str | None = None,
+        on_hello_sent: Callable[[], None] | None = None,
+    ) -> None:
         self.transport = transport
+        self.on_hello_sent = on_hello_sent  # the agent is starting: the host's CPU from here on
         self.token = token
+        # A probe command sent inside the hello (no round trip of its own); its answer waits in
+        # _folded_probe until the first probe() asks for that command.
+        self.first_probe = first_probe
+        self._folded_probe: tuple[P.Probe, asyncio.Future[P.Message]] | None = None
         # Jobs the agent already had when we (re)attached: {job: {"running": bool, "code": int}}.
         self.agent_jobs: dict[str, dict[str, Any]] = {}
         self.machine = transport.machine
@@ -115,9 +128,20 @@ class HostSession:
     async def __aenter__(self) -> HostSession:
         self.agent = await self.transport.start_agent(self.token)
         self._tasks.append(asyncio.create_task(self._read_events()))
+        request = P.Hello(lease=self.lease)
+        if self.first_probe is not None:
+            request.probe = P.Probe(cmd=self.first_probe)
+            self._folded_probe = (request.probe, self._expect(request.probe))
+        future = self._expect(request)
         try:
-            hello = await self._call(P.Hello(lease=self.lease), P.HelloReply, timeout=30)
+            await self._send(request)
+            self._flush()  # now, not on the loop's next turn: the caller may be busy then
+            if self.on_hello_sent is not None:
+                self.on_hello_sent()
+            hello = await self._answer(request, future, P.HelloReply, 30)
         except ConnectionLostError:
+            self._calls.pop(request.id or 0, None)
+            self._drop_folded_probe()
             if self._agent_ended:  # the agent ended before its hello: say why
                 status, stderr = await self.agent.exit_details()
                 cause = agent_start_cause(status, stderr, self._refusal, self.machine.workdir)
@@ -130,6 +154,8 @@ class HostSession:
                 f"{printable(hello.root)}, not the configured workdir "
                 f"{printable(self.machine.workdir)}; nothing was sent there"
             )
+        if not hello.probing:  # an older agent: the first probe() sends its own request
+            self._drop_folded_probe()
         self.root = hello.root
         self.agent_jobs = {name: {"running": s.running, "code": s.code} for name, s in hello.jobs.items()}
         self._tasks.append(asyncio.create_task(self._renew_lease()))
@@ -139,6 +165,7 @@ class HostSession:
         await self.close()
 
     async def close(self, *, orderly: bool = True) -> None:
+        self._drop_folded_probe()
         if self.agent is not None and self.lost is None and orderly:
             with contextlib.suppress(Exception):
                 await self._send(P.Bye())
@@ -181,20 +208,41 @@ class HostSession:
         except Exception as exc:  # the channel closed under us: the reader will say why
             self._mark_lost(f"connection lost ({type(exc).__name__}: {exc})")
 
-    async def _call(self, request: P.Request, reply: type[R], timeout: float | None = None) -> R:
+    def _expect(self, request: P.Request) -> asyncio.Future[P.Message]:
+        """Give the request an id and a future its answer resolves (sending is the caller's)."""
         call_id = next(self._ids)
         request.id = call_id
         future: asyncio.Future[P.Message] = asyncio.get_running_loop().create_future()
         self._calls[call_id] = future
+        return future
+
+    def _drop_folded_probe(self) -> None:
+        if self._folded_probe is not None:
+            request, future = self._folded_probe
+            self._calls.pop(request.id or 0, None)
+            future.cancel()  # never awaited: cancelled, so no "exception never retrieved"
+            self._folded_probe = None
+
+    async def _call(self, request: P.Request, reply: type[R], timeout: float | None = None) -> R:
+        future = self._expect(request)
         try:
             await self._send(request)
+        except BaseException:
+            self._calls.pop(request.id or 0, None)
+            raise
+        return await self._answer(request, future, reply, timeout)
+
+    async def _answer(
+        self, request: P.Request, future: asyncio.Future[P.Message], reply: type[R], timeout: float | None
+    ) -> R:
+        try:
             answer = await asyncio.wait_for(future, timeout)
         except TimeoutError:
             raise ConnectionLostError(
                 f"{describe(self.machine)}: the agent did not answer {request.TAG!r} in {timeout:g} s"
             ) from None
         finally:
-            self._calls.pop(call_id, None)
+            self._calls.pop(request.id or 0, None)
         if isinstance(answer, P.Error):
             raise TransportError(f"{describe(self.machine)}: agent: {printable(answer.message)}")
         if not isinstance(answer, reply):
@@ -326,7 +374,13 @@ class HostSession:
     # -- requests ---------------------------------------------------------------------------------
     async def probe(self, command: str, timeout: float = 30) -> tuple[str, int, dict[str, Any]]:
         """The command's output and status, and per running job {"pids": [...], "rss_mb": n}."""
-        reply = await self._call(P.Probe(cmd=command), P.ProbeReply, timeout)
+        folded = self._folded_probe
+        if folded is not None and folded[0].cmd == command:  # sent with the hello: just wait
+            self._folded_probe = None
+            reply = await self._answer(folded[0], folded[1], P.ProbeReply, timeout)
+        else:
+            self._drop_folded_probe()
+            reply = await self._call(P.Probe(cmd=command), P.ProbeReply, timeout)
         own = {name: {"pids": u.pids, "rss_mb": u.rss_mb} for name, u in reply.own.items()}
         return reply.out, reply.rc, own
 

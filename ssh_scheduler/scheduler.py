@@ -26,6 +26,7 @@ from .batch import Job
 from .batch_run import BatchOptions, BatchSummary, JobOutcome, select_jobs
 from .config import Machine
 from .control import ControlServer, batch_requests
+from .early_hosts import EarlyHosts
 from .errors import (
     AgentStartError,
     AuthenticationError,
@@ -47,7 +48,7 @@ from .executor_slurm import SlurmExecutor, open_slurm_executor
 from .executors import Executor, open_executor, probe_only
 from .forward import check_forward_size, check_job_copies, describe_forward
 from .jobrun import JobRun, JobSpec, OutputFiles, job_environment
-from .journal import Journal, JournalWriter
+from .journal import Journal, JournalWriter, batch_token
 from .machine_env import with_setup
 from .open_files import raise_open_files_limit
 from .plan import (
@@ -93,6 +94,7 @@ class Batch:
         out: Printer | None = None,
         err: Printer | None = None,
         bus: EventBus | None = None,
+        early: EarlyHosts | None = None,
     ) -> None:
         self.jobs = list(jobs)
         for job in self.jobs:
@@ -112,7 +114,8 @@ class Batch:
         self.forward_sets: dict[tuple[str, ...], ForwardSet] = {}
         self._changed = asyncio.Event()
         self._wake_timer = asyncio.Event()
-        self._connecting = asyncio.Semaphore(max(1, options.max_connecting))
+        self._early = early  # hosts already connecting (early_hosts.py), taken as they are needed
+        self._connecting = early.connecting if early is not None else asyncio.Semaphore(max(1, options.max_connecting))
         self._first_answer: float | None = None
         self._hosts_started = time.monotonic()
         self._unusable: dict[str, str] = {}  # host -> why, for hosts reached whose agent did not start
@@ -128,14 +131,24 @@ class Batch:
 
     async def run(self) -> BatchSummary:
         # One run per results folder: two would both run every job and fail each other's results.
-        with hold_results_folder(self.options.results_dir, create=not self.options.dry_run):
-            return await self._run()
+        try:
+            with hold_results_folder(self.options.results_dir, create=not self.options.dry_run):
+                return await self._run()
+        finally:
+            if self._early is not None:  # refused, or done before every host was needed
+                await self._early.close()
 
     async def _run(self) -> BatchSummary:
         self._main = asyncio.current_task()
         options = self.options
         check_job_copies(self.jobs, options.base_dir, options.forward)
         selection = select_jobs(self.jobs, options, self.bus)
+        if self._early is not None:
+            if batch_token(options.results_dir) is None:  # still fresh: the early agents' token it is
+                selection.token = self._early.token
+            else:  # another run wrote here since the hosts were started: reattach as usual
+                await self._early.close()
+                self._early = None
         self.token = selection.token
         if not selection.pending:
             self.bus.publish(Notice(level="info", message="nothing to do: every job already has results"))
@@ -229,9 +242,13 @@ class Batch:
         retried later."""
         assert self.planner is not None
         planner, name = self.planner, machine.name
+        early = self._early.take(name) if self._early is not None else None
         try:
-            async with self._connecting:
-                executor = await self._open(machine)
+            if early is not None:
+                executor = await early
+            else:
+                async with self._connecting:
+                    executor = await self._open(machine)
         except (HostKeyError, AuthenticationError) as exc:
             raise _named(name, exc) from None
         except TransportError as exc:
@@ -288,7 +305,15 @@ class Batch:
 
     async def _open(self, machine: Machine) -> Executor:
         """Connect to a host: through our agent, or to Slurm through a login node's agent."""
-        opener = open_executor if machine.slurm is None else partial(open_slurm_executor, settings=machine.slurm)
+        # The agent starts the probe with its hello (_start_host and _revive probe right after
+        # this).  That probe lands with generation None ("taken just now", every ghost cleared),
+        # which is right: it was requested before any job was placed on this connection, so no
+        # release precedes it (allocate.py probe_started()).
+        opener = (
+            partial(open_executor, probe_first=True)
+            if machine.slurm is None
+            else partial(open_slurm_executor, settings=machine.slurm)
+        )
         return await opener(
             machine, accept_new=self.options.accept_new, keepalive=self.options.keepalive,
             lease=self.options.lease, token=self.token,

@@ -78,6 +78,9 @@ class HostileServer:
         # answer `fetch` with extra files under names nobody asked for (escaping ones too)
         self.fetch_lies = False
         self.without_bulk = False  # answer `put` and `fetch` as an agent that predates them would
+        # answer the probe a `hello` carries, as today's agent does (False: as an older agent,
+        # which ignores it, so the coordinator has to send a `probe` of its own)
+        self.folds_probe = False
         self.on_read: Callable[[str], None] | None = None  # called with each path read (SFTP or fetch)
         self.opened: list[str] = []  # every path the client asked the SFTP server to open
         self.uploaded: dict[str, bytes] = {}
@@ -185,7 +188,11 @@ class HostileServer:
         """What this host says to one request (every request type of the protocol)."""
         rid = req.id
         if isinstance(req, P.Hello):
-            return [P.HelloReply(id=rid, pid=4242, root=ROOT, python="3.11.0")]
+            hello = P.HelloReply(id=rid, pid=4242, root=ROOT, python="3.11.0")
+            if req.probe is None or not self.folds_probe:
+                return [hello]
+            hello.probing = True
+            return [hello, *self._answer(req.probe)]
         if isinstance(req, P.Probe):
             return [P.ProbeReply(id=rid, out=probe_output(), rc=0)]
         if isinstance(req, P.Have):

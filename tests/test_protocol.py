@@ -40,6 +40,7 @@ SAMPLES: dict[str, Any] = {
     "Dict[str, JobState]": {"j": P.JobState(running=False, code=3)},
     "Dict[str, JobUsage]": {"j": P.JobUsage(pids=[5, 6], rss_mb=12)},
     "List[StagedFile]": [P.StagedFile(rel="a/b", key="h-r")],
+    "Optional[Probe]": P.Probe(id=12, cmd="echo p"),
     "Optional[Staging]": P.Staging(files=[P.StagedFile(rel="c", key="h-x")], dirs=["d"]),
     "List[Blob]": [P.Blob(name="k1", data="aGk="), P.Blob(name="k2", error="gone")],
 }

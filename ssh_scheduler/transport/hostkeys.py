@@ -8,6 +8,7 @@ import contextlib
 import os
 import shlex
 import stat
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -53,6 +54,49 @@ def _parse_known_hosts(text: str) -> Any:
     return asyncssh.import_known_hosts("\n".join(good))
 
 
+# path -> (what os.fstat said when it was read, its parsed entries).  A batch connects to many
+# hosts, each looking its key up in the same files: parsing them once per connection made the
+# start quadratic in hosts (asyncssh builds a key object per line).  The signature has the
+# inode, size, mtime and ctime, so an edit, a replacement (ssh-keygen -R renames) or a chmod
+# (ctime) is seen and the file read again; the trust decision is the one made on fresh text.
+# A file changed less than RACY_NS before it was read might change again within the same
+# timestamp tick without its signature changing (same size, in place): it is not cached.
+_parsed_files: dict[str, tuple[tuple[int, ...], Any]] = {}
+RACY_NS = 2_000_000_000
+
+
+def _signature(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _parsed_file(path: str) -> Any:
+    """The parsed entries of one known_hosts file (None when it does not exist), read and parsed
+    again only when the file changed since the last time this process read it."""
+    cached = _parsed_files.get(path)
+    try:
+        if cached is not None and _signature(os.stat(path)) == cached[0]:
+            return cached[1]
+        reading_at = time.time_ns()
+        with open(path, encoding="utf-8", errors="replace") as f:
+            st = os.fstat(f.fileno())
+            text = f.read()
+    except FileNotFoundError:
+        _parsed_files.pop(path, None)
+        return None
+    except OSError as exc:
+        _parsed_files.pop(path, None)
+        raise HostKeyError(
+            f"cannot read known_hosts file {path}: {exc.strerror or exc}; fix its "
+            f"permissions (host keys are always checked)"
+        ) from None
+    parsed = _parse_known_hosts(text)
+    if max(st.st_mtime_ns, st.st_ctime_ns) < reading_at - RACY_NS:
+        _parsed_files[path] = (_signature(st), parsed)
+    else:
+        _parsed_files.pop(path, None)
+    return parsed
+
+
 class KnownHosts:
     """The trusted host keys of some known_hosts files, matched as OpenSSH does.
 
@@ -64,19 +108,10 @@ class KnownHosts:
 
     def __init__(self, files: Sequence[str]) -> None:
         self.files = list(files)
-        texts = []
-        for path in self.files:
-            try:
-                with open(path, encoding="utf-8", errors="replace") as f:
-                    texts.append(f.read())
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                raise HostKeyError(
-                    f"cannot read known_hosts file {path}: {exc.strerror or exc}; fix its "
-                    f"permissions (host keys are always checked)"
-                ) from None
-        self._db = _parse_known_hosts("\n".join(texts))
+        # Matching each file and joining the answers in file order is matching their
+        # concatenation: every known_hosts line stands alone (a @revoked line in one file
+        # revokes a key that another file trusts, as before: revoked keys are collected).
+        self._dbs = [db for db in map(_parsed_file, self.files) if db is not None]
 
     def lookup(self, host: str, addr: str, port: int | None) -> tuple[list[Any], list[Any], list[Any]]:
         """(trusted host keys, trusted CA keys, revoked keys) for a host: asyncssh's callable."""
@@ -88,10 +123,11 @@ class KnownHosts:
         cas: list[Any] = []
         revoked: list[Any] = []
         for name in dict.fromkeys(n for n in names if n):
-            found = self._db.match(name, "", None)
-            keys += found[0]
-            cas += found[1]
-            revoked += found[2]
+            for db in self._dbs:
+                found = db.match(name, "", None)
+                keys += found[0]
+                cas += found[1]
+                revoked += found[2]
         return keys, cas, revoked
 
     def knows(self, host: str, port: int) -> bool:
