@@ -142,6 +142,11 @@ class HostSession:
         except ConnectionLostError:
             self._calls.pop(request.id or 0, None)
             self._drop_folded_probe()
+            if not self._agent_ended and self._tasks:
+                # The hello is flushed at once: writing to an agent that already exited (no
+                # python3, say) fails before the reader has seen its output end.  Let the
+                # reader catch up, so the cause is said rather than "connection lost".
+                await asyncio.wait({self._tasks[0]}, timeout=5)
             if self._agent_ended:  # the agent ended before its hello: say why
                 status, stderr = await self.agent.exit_details()
                 cause = agent_start_cause(status, stderr, self._refusal, self.machine.workdir)
