@@ -98,11 +98,21 @@ def _holds_nothing(results: Path) -> bool:
 def refuse_planted_links(results: Path, names: Iterable[str]) -> None:
     """A job's output files and result folder are ours to create: a symlink already standing at
     ``job_results/<job>.out`` (or ``.err``, or ``<job>``) would redirect the job's output into
-    whatever it points at.  One error line, before anything is dispatched."""
+    whatever it points at.  One error line, before anything is dispatched.
+
+    The folder is listed once (a 100,000-job batch would otherwise cost 300,000 ``lstat`` calls,
+    about 1.5 s, even for a dry run)."""
+    try:
+        with os.scandir(results) as entries:
+            links = {entry.name for entry in entries if entry.is_symlink()}
+    except (FileNotFoundError, NotADirectoryError):
+        return  # nothing stands there yet
+    if not links:
+        return
     for name in names:
         for suffix in ("", ".out", ".err"):
             path = results / f"{name}{suffix}"
-            if path.is_symlink():
+            if path.name in links:
                 raise TransferError(
                     f"{plain_text(str(path))} is a symlink (to "
                     f"{plain_text(os.readlink(path))[:200]}); job outputs are never written "
