@@ -16,7 +16,7 @@ import base64
 import contextlib
 import os
 import subprocess
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -347,6 +347,19 @@ class _HostileSFTP(asyncssh.SFTPServer):
 
 async def start_hostile(base: Path) -> HostileServer:
     return await HostileServer(base).start()
+
+
+@contextlib.asynccontextmanager
+async def hostile_server(tmp_path: Path) -> AsyncIterator[HostileServer]:
+    """A started server with its keys in ``tmp_path/keys``, stopped on the way out (the tests'
+    fixtures are this, under the name each file uses)."""
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    server = await HostileServer(keys).start()
+    try:
+        yield server
+    finally:
+        await server.stop()
 
 
 def run_in_loop(coro: Any) -> Any:  # pragma: no cover - convenience for manual runs

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from ssh_scheduler import cli
+from ssh_scheduler import cli, live
 from ssh_scheduler.batch import validate_job_name
 from ssh_scheduler.detach import (
     DETACHED_ENV,
@@ -161,10 +161,15 @@ def test_the_log_is_rotated_at_its_bound_and_the_parent_learns_once_the_batch_is
         os.close(fd)
 
 
-def test_a_live_view_attached_later_counts_elapsed_time_from_the_batch_s_start() -> None:
+def test_a_live_view_attached_later_counts_elapsed_time_from_the_batch_s_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Both clocks fixed: the board's start is the batch's age before "now", exactly.
+    monkeypatch.setattr(live.time, "monotonic", lambda: 500.0)
+    monkeypatch.setattr(live.time, "time", lambda: 10_000.0)
     board = BoardState()
-    board.apply(BatchStarted(token="t", jobs=1, hosts=("h",), t=time.time() - 100))
-    assert time.monotonic() - board.started_at >= 100
+    board.apply(BatchStarted(token="t", jobs=1, hosts=("h",), t=9_900.0))
+    assert board.started_at == 400.0
+    board.apply(BatchStarted(token="t", jobs=1, hosts=("h",), t=10_005.0))  # a clock ahead of ours
+    assert board.started_at == 500.0
 
 
 def test_the_cli_names_the_same_environment_variable() -> None:

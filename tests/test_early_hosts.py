@@ -19,19 +19,14 @@ from ssh_scheduler.errors import TransferError
 from ssh_scheduler.forward import ForwardPolicy
 from ssh_scheduler.journal import batch_token
 from ssh_scheduler.scheduler import Batch, BatchOptions
-from tests.hostile_server import AGENT_PREFIX, HostileServer
+from tests.hostile_server import AGENT_PREFIX, HostileServer, hostile_server
 
 
 @pytest.fixture
 async def hostile(tmp_path: Path) -> AsyncIterator[HostileServer]:
-    keys = tmp_path / "keys"
-    keys.mkdir()
-    server = await HostileServer(keys).start()
-    server.folds_probe = True
-    try:
+    async with hostile_server(tmp_path) as server:
+        server.folds_probe = True
         yield server
-    finally:
-        await server.stop()
 
 
 def options(tmp_path: Path, **changes: object) -> BatchOptions:

@@ -21,7 +21,7 @@ from ssh_scheduler.batch import Job
 from ssh_scheduler.executors import open_executor
 from ssh_scheduler.scheduler import BatchOptions, run_batch
 from ssh_scheduler.transport import agent_bootstrap
-from tests.hostile_server import HostileServer
+from tests.hostile_server import HostileServer, hostile_server
 
 
 def agent_answers(tmp_path: Path, requests: list[P.Request], count: int) -> tuple[list[P.Message], bytes]:
@@ -58,13 +58,8 @@ def test_a_hello_without_a_probe_is_answered_alone(tmp_path: Path) -> None:
 
 @pytest.fixture
 async def hostile(tmp_path: Path) -> AsyncIterator[HostileServer]:
-    keys = tmp_path / "keys"
-    keys.mkdir()
-    server = await HostileServer(keys).start()
-    try:
+    async with hostile_server(tmp_path) as server:
         yield server
-    finally:
-        await server.stop()
 
 
 async def one_job(hostile: HostileServer, tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ from ssh_scheduler.errors import TransferError, TransportError
 from ssh_scheduler.remote import RemoteOptions, execute_remote
 from ssh_scheduler.scheduler import BatchOptions, run_batch
 from ssh_scheduler.transfer import CopyLimits, link_stays_inside, safe_relpath
-from tests.hostile_server import ENDLESS, STALL, HostileServer, Scenario
+from tests.hostile_server import ENDLESS, STALL, HostileServer, Scenario, hostile_server
 
 # Paths a careless client would create when following the hostile names literally.
 OUTSIDE = ["/evil", "/abs", "/x", "/tmp/evil", "/tmp/evil.txt", "/tmp/x", "/tmp/pwned"]
@@ -148,13 +148,8 @@ def assert_links_inside(folder: Path) -> None:
 
 @pytest.fixture
 async def hostile(tmp_path: Path) -> AsyncIterator[HostileServer]:
-    keys = tmp_path / "keys"
-    keys.mkdir()
-    server = await HostileServer(keys).start()
-    try:
+    async with hostile_server(tmp_path) as server:
         yield server
-    finally:
-        await server.stop()
 
 
 def workspace(tmp_path: Path) -> tuple[Path, Path]:

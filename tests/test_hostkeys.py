@@ -28,7 +28,7 @@ import yaml
 from ssh_scheduler.errors import AuthenticationError, HostKeyError
 from ssh_scheduler.transport import connect
 from tests.cluster import Cluster, Host
-from tests.hostile_server import HostileServer
+from tests.hostile_server import HostileServer, hostile_server
 from tests.ssh_reference import account_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -110,13 +110,8 @@ def env(tmp_path: Path) -> Env:
 
 @pytest.fixture
 async def server(tmp_path: Path) -> AsyncIterator[HostileServer]:
-    keys = tmp_path / "keys"
-    keys.mkdir()
-    srv = await HostileServer(keys).start()
-    try:
+    async with hostile_server(tmp_path) as srv:
         yield srv
-    finally:
-        await srv.stop()
 
 
 def server_key_line(srv: HostileServer) -> str:

@@ -15,7 +15,7 @@ import pytest
 from ssh_scheduler.errors import HostKeyError
 from ssh_scheduler.transport import connect, hostkeys
 from ssh_scheduler.transport.hostkeys import KnownHosts
-from tests.hostile_server import HostileServer
+from tests.hostile_server import HostileServer, hostile_server
 
 
 def key_line(name: str) -> tuple[str, asyncssh.SSHKey]:
@@ -91,13 +91,8 @@ def test_a_same_size_rewrite_in_place_right_after_a_read_is_seen(tmp_path: Path)
 
 @pytest.fixture
 async def server(tmp_path: Path) -> AsyncIterator[HostileServer]:
-    keys = tmp_path / "keys"
-    keys.mkdir()
-    srv = await HostileServer(keys).start()
-    try:
+    async with hostile_server(tmp_path) as srv:
         yield srv
-    finally:
-        await srv.stop()
 
 
 async def test_a_key_replaced_between_connections_is_refused(server: HostileServer, cache_settled_files: None) -> None:
