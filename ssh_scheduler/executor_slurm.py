@@ -34,7 +34,6 @@ from .probe import HostState
 from .runner import JobExit
 from .slurm_array import ARRAY_MARK, parse_array_script
 from .slurm_submit import Submitter
-from .transfer import CopyBackReport, CopyLimits, ForwardSet
 
 __all__ = ["SlurmExecutor", "open_slurm_executor"]
 
@@ -61,12 +60,14 @@ class _Tracked:
     room: int | None = None  # bytes of output still accepted (--max-output-bytes)
 
 
-class SlurmExecutor:
+class SlurmExecutor(AgentExecutor):
     """Jobs through ``sbatch`` on a login node (see the module docstring)."""
 
     def __init__(self, inner: AgentExecutor, settings: S.SlurmSettings, token: str) -> None:
-        self.inner = inner
-        self.machine = inner.machine
+        # The login node is a host like any other (its agent stages inputs and fetches results);
+        # this class takes over running, following and ending the jobs it hands to Slurm.
+        super().__init__(inner.transport, inner.session)
+        self.cache = inner.cache
         self.settings = settings
         self.token = token
         self.submitted: dict[str, str] = {}  # job -> Slurm job id, of this batch
@@ -81,48 +82,12 @@ class SlurmExecutor:
         self.on_running: dict[str, Callable[[], None]] = {}
         """Called once when Slurm first runs the job (or it ended unseen between two queries)."""
 
-    # -- the Executor interface, delegated ---------------------------------------------------
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    @property
-    def lost(self) -> str | None:
-        return self.inner.lost
+    # -- what differs from a plain host (the rest is AgentExecutor's: staging, fetching...) ----
 
     @property
     def agent_jobs(self) -> dict[str, dict[str, Any]]:
         """Jobs of this batch an earlier coordinator submitted and Slurm still knows."""
         return {job: {"running": not status.done} for job, (_id, status) in self.found.items()}
-
-    @property
-    def bytes_sent(self) -> int:
-        return self.inner.bytes_sent
-
-    @property
-    def files_sent(self) -> int:
-        return self.inner.files_sent
-
-    def jobdir(self, token: str, job: str) -> str:
-        return self.inner.jobdir(token, job)
-
-    async def stage(self, forward: ForwardSet) -> tuple[list[tuple[str, str]], list[str]]:
-        return await self.inner.stage(forward)
-
-    async def fetch(
-        self,
-        job: str,
-        jobdir: str,
-        dest: Any,
-        paths: tuple[str, ...] | None,
-        limits: CopyLimits,
-        entries: object,
-    ) -> CopyBackReport:
-        return await self.inner.fetch(job, jobdir, dest, paths, limits, entries)
-
-    async def sweep(self, prefix: str) -> None:
-        await self.inner.sweep(prefix)
 
     # -- probing: the queue, not the cluster's resources -----------------------------------
 
@@ -130,7 +95,7 @@ class SlurmExecutor:
         """The queue (:func:`slurm.queue_state`), once squeue answers on the login node.  It
         does not change, so only the first probe asks (re-probes follow every job's end)."""
         if not self._answered:
-            text, rc, _own = await self.inner.session.probe(self._sh("squeue --version 2>&1"))
+            text, rc, _own = await self.session.probe(self._sh("squeue --version 2>&1"))
             if rc != 0:
                 raise TransportError(
                     f"{self.name}: squeue does not run on the login node: {text.strip()[-200:]}"
@@ -161,7 +126,7 @@ class SlurmExecutor:
         """Submit the job and follow it to its end.  Cancelling this scancels it."""
         try:
             needs = self.needs.get(job, Needs())
-            session = self.inner.session
+            session = self.session
             try:
                 await session.stage(jobdir, *(stage or ([], [])))
             except ConnectionLostError as exc:
@@ -225,11 +190,11 @@ class SlurmExecutor:
             await self._scancel([slurm_id])
 
     async def _command(self, command: str) -> tuple[str, int]:
-        out, rc, _ = await self.inner.session.probe(command, timeout=120)
+        out, rc, _ = await self.session.probe(command, timeout=120)
         return out, rc
 
     async def _scancel(self, ids: list[str]) -> None:
-        out, rc, _ = await self.inner.session.probe(
+        out, rc, _ = await self.session.probe(
             S.scancel_command(self.settings, ids), timeout=60
         )
         if rc != 0:
@@ -240,7 +205,7 @@ class SlurmExecutor:
             slurm_id, status = self.found.pop(job)
             if not status.done:
                 await self._scancel([slurm_id])
-        await self.inner.remove(jobdir, job, wait=wait)
+        await super().remove(jobdir, job, wait=wait)
 
     async def close(self) -> None:
         """Leave nothing of this batch queued or running in Slurm (a cancelled batch, or an
@@ -263,7 +228,7 @@ class SlurmExecutor:
                         log.info("%s: cancelling Slurm jobs %s", self.name, " ".join(left))
                         await self._scancel(left)
         finally:
-            await self.inner.close()
+            await super().close()
 
     # -- following: one query per interval for every job ---------------------------------------
 
@@ -301,14 +266,14 @@ class SlurmExecutor:
     async def _array_folders(self, array: str) -> list[str]:
         path = self.jobdir(self.token, array) + ".array"
         with contextlib.suppress(TransportError):
-            text, rc, _ = await self.inner.session.probe(f"cat {shlex.quote(path)} 2>/dev/null")
+            text, rc, _ = await self.session.probe(f"cat {shlex.quote(path)} 2>/dev/null")
             if rc == 0:
                 return parse_array_script(text)
         return []
 
     async def _query(self, ids: list[str], outputs: dict[str, tuple[str, int, int]]) -> S.PollReply:
         command = S.poll_command(self.settings, ids, outputs)
-        out, _rc, _ = await self.inner.session.probe(command, timeout=120)
+        out, _rc, _ = await self.session.probe(command, timeout=120)
         try:
             return S.parse_poll_reply(out)
         except (ValueError, KeyError) as exc:
