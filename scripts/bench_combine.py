@@ -24,7 +24,7 @@ from pathlib import Path
 # Runnable from a checkout without installing the package.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ssh_scheduler.combine import combine_folders
+from ssh_scheduler.results.combine import combine_folders
 
 SOURCES = 3
 FILES_PER_DIR = 100

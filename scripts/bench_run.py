@@ -1493,7 +1493,7 @@ def environment() -> dict[str, Any]:
         "git_subject": sh(["git", "-C", str(REPO), "log", "-1", "--format=%s"]),
         "ssh_scheduler_uncommitted_changes": dirty.splitlines() if dirty else [],
         "ssh_scheduler_tree_hash": sh(
-            ["sh", "-c", f"cat {REPO}/ssh_scheduler/*.py | sha256sum | cut -c1-12"]
+            ["sh", "-c", f"cd {REPO} && find ssh_scheduler -name '*.py' | sort | xargs cat | sha256sum | cut -c1-12"]
         ),
     }
 
@@ -1661,7 +1661,7 @@ def main() -> int:
             f"PYTHONPATH={bench.env.get('PYTHONPATH', '')}",
             str(VENV_BIN / "python"),
             "-c",
-            "import ssh_scheduler.cli, os; print(os.path.dirname(ssh_scheduler.cli.__file__))",
+            "import ssh_scheduler.cli.main, os; print(os.path.dirname(ssh_scheduler.cli.main.__file__))",
         ],
         cwd=bench.root,
     )

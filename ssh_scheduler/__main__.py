@@ -1,3 +1,3 @@
-from .cli import main
+from ssh_scheduler.cli.main import main
 
 main()

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from .probe import HostState
+    from ssh_scheduler.machines.probe import HostState
 
 __all__ = [
     "EVENT_VERSION",

@@ -2,7 +2,7 @@
 
 It listens on 127.0.0.1 (port 0) with a fresh host key and accepts one generated client key.
 A command starting with ``exec python3 -u -I -S -c`` (``transport.agent_bootstrap``) gets an agent that
-speaks the protocol of ``ssh_scheduler/protocol.py`` (its own classes) but answers ``manifest`` with
+speaks the protocol of ``ssh_scheduler/agent/protocol.py`` (its own classes) but answers ``manifest`` with
 whatever the test put in :attr:`HostileServer.scenarios` for that job; the SFTP subsystem serves
 file contents from memory (or forever, for :data:`ENDLESS`) and never touches the local disk.
 
@@ -23,9 +23,9 @@ from typing import Any
 
 import asyncssh
 
-from ssh_scheduler import protocol as P
-from ssh_scheduler.config import Machine
-from ssh_scheduler.probe import PROBE_SCRIPT
+from ssh_scheduler.agent import protocol as P
+from ssh_scheduler.machines.config import Machine
+from ssh_scheduler.machines.probe import PROBE_SCRIPT
 
 ENDLESS = object()
 """File content that never ends (every SFTP read returns a full block)."""

@@ -15,7 +15,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from ssh_scheduler.ssh_tokens import LocalAccount
+from ssh_scheduler.machines.ssh_tokens import LocalAccount
 
 NSS_WRAPPER = "libnss_wrapper.so"
 

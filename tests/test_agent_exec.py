@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ssh_scheduler.agent_io import without_shell
+from ssh_scheduler.agent.plumbing import without_shell
 from tests.live_batch import EXECUTE_BATCH, REPO
 
 BASH = ["/bin/bash", "--norc", "-c"]

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from ssh_scheduler.config import Machine, load_machine
 from ssh_scheduler.errors import ConfigError, TransportError
+from ssh_scheduler.machines.config import Machine, load_machine
 from ssh_scheduler.transport import algorithm_options, connect, known_hosts_name
 from tests.cluster import Cluster, Host, HostSpec
 

@@ -5,7 +5,9 @@ from collections import deque
 
 import pytest
 
-from ssh_scheduler.allocate import (
+from ssh_scheduler.errors import ConfigError, SchedulerError
+from ssh_scheduler.machines.probe import GpuProcess, GpuState, HostState
+from ssh_scheduler.planner.allocate import (
     MachineResources,
     Needs,
     NoFit,
@@ -15,8 +17,6 @@ from ssh_scheduler.allocate import (
     explain_unfit,
     max_concurrent,
 )
-from ssh_scheduler.errors import ConfigError, SchedulerError
-from ssh_scheduler.probe import GpuProcess, GpuState, HostState
 
 CPU_ONLY = Needs(gpus=0)
 SHARED = Needs(reserve_gpu=False)

@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from ssh_scheduler.batch import (
+from ssh_scheduler.errors import BatchError
+from ssh_scheduler.jobs.batch_file import (
     MAX_JOB_NAME_BYTES,
     Job,
     job_name_prefix,
@@ -10,7 +11,6 @@ from ssh_scheduler.batch import (
     parse_remote_command_line,
     validate_job_name,
 )
-from ssh_scheduler.errors import BatchError
 
 ANCESTOR_BATCH = b"""\
 echo "one job"

@@ -21,13 +21,14 @@ from typing import Any
 
 import pytest
 
-from ssh_scheduler import agent, bulk
-from ssh_scheduler import hostguard as G
-from ssh_scheduler import protocol as P
-from ssh_scheduler.allocate import Needs
-from ssh_scheduler.batch import Job
-from ssh_scheduler.config import load_machine
-from ssh_scheduler.scheduler import BatchOptions, BatchSummary, run_batch
+from ssh_scheduler.agent import hostguard as G
+from ssh_scheduler.agent import main as agent
+from ssh_scheduler.agent import protocol as P
+from ssh_scheduler.coordinator.batch import BatchOptions, BatchSummary, run_batch
+from ssh_scheduler.executors import bulk
+from ssh_scheduler.jobs.batch_file import Job
+from ssh_scheduler.machines.config import load_machine
+from ssh_scheduler.planner.allocate import Needs
 from ssh_scheduler.transport import SSHTransport
 from tests.cluster import Cluster
 

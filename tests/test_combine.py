@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from ssh_scheduler.combine import (
+from ssh_scheduler.errors import ConfigError, ConflictError, SchedulerError, TransferError
+from ssh_scheduler.results.combine import (
     CombineConflictError,
     CombineReport,
     _execute,
     combine_folders,
     plan_combine,
 )
-from ssh_scheduler.errors import ConfigError, ConflictError, SchedulerError, TransferError
 
 
 def write(path: Path, content: str | bytes = "x", mode: int | None = None) -> Path:

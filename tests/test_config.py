@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from ssh_scheduler import config as config_module
-from ssh_scheduler import ssh_config
-from ssh_scheduler.config import (
+from ssh_scheduler.errors import ConfigError
+from ssh_scheduler.machines import config as config_module
+from ssh_scheduler.machines import ssh_config
+from ssh_scheduler.machines.config import (
     DEFAULT_WORKDIR,
     Machine,
     SshConfigs,
@@ -18,8 +19,7 @@ from ssh_scheduler.config import (
     local_machine,
     parse_machine_yaml,
 )
-from ssh_scheduler.errors import ConfigError
-from ssh_scheduler.ssh_tokens import LocalAccount, current_account
+from ssh_scheduler.machines.ssh_tokens import LocalAccount, current_account
 
 ANCESTOR_YAML = """\
 username: ben       # Replace with your username on the machine

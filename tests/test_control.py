@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ssh_scheduler.control import SOCKET_NAME, ControlError, ControlServer, send_request
+from ssh_scheduler.coordinator.control import SOCKET_NAME, ControlError, ControlServer, send_request
 
 
 async def ask(results: Path, request: dict[str, Any]) -> dict[str, Any]:

@@ -20,9 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from ssh_scheduler import cli, live
-from ssh_scheduler.batch import validate_job_name
-from ssh_scheduler.detach import (
+from ssh_scheduler.cli import main as cli
+from ssh_scheduler.coordinator.detach import (
     DETACHED_ENV,
     EVENTS_NAME,
     LOG_NAME,
@@ -39,7 +38,9 @@ from ssh_scheduler.events import (
     JobFailed,
     JobStarted,
 )
-from ssh_scheduler.live import BoardState
+from ssh_scheduler.jobs.batch_file import validate_job_name
+from ssh_scheduler.view import live
+from ssh_scheduler.view.live import BoardState
 
 REPO = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "ssh_scheduler"]

@@ -14,8 +14,8 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from ssh_scheduler.fleet import killable
-from ssh_scheduler.machine_yaml import (
+from ssh_scheduler.coordinator.fleet import killable
+from ssh_scheduler.machines.machine_yaml import (
     DEFAULT_MAX_SESSIONS,
     DEFAULT_PORT,
     DEFAULT_WORKDIR,

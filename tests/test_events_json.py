@@ -6,9 +6,9 @@ import dataclasses
 import json
 
 from ssh_scheduler import events
-from ssh_scheduler.display import JsonLines
 from ssh_scheduler.events import GpuReading, HostProbed, JobFailed
-from ssh_scheduler.probe import GpuState, HostState
+from ssh_scheduler.machines.probe import GpuState, HostState
+from ssh_scheduler.view.display import JsonLines
 from tests.event_schema import COMMON, load_schema, problems
 
 

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from ssh_scheduler import protocol as P
-from ssh_scheduler.allocate import Needs
-from ssh_scheduler.batch import Job
-from ssh_scheduler.executors import open_executor
-from ssh_scheduler.scheduler import BatchOptions, run_batch
+from ssh_scheduler.agent import protocol as P
+from ssh_scheduler.coordinator.batch import BatchOptions, run_batch
+from ssh_scheduler.executors.host import open_executor
+from ssh_scheduler.jobs.batch_file import Job
+from ssh_scheduler.planner.allocate import Needs
 from ssh_scheduler.transport import agent_bootstrap
 from tests.hostile_server import HostileServer, hostile_server
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ssh_scheduler.hostlist import expand
+from ssh_scheduler.machines.hostlist import expand
 from tests.cluster import Unsupported, skip_or_fail
 
 pytestmark = pytest.mark.cluster

@@ -15,9 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ssh_scheduler.config import Machine, local_machine
-from ssh_scheduler.errors import ConfigError, TransferError
-from ssh_scheduler.fleet import (
+from ssh_scheduler.coordinator.fleet import (
     FleetOptions,
     HostResult,
     execute_to,
@@ -29,7 +27,9 @@ from ssh_scheduler.fleet import (
     summarize_exit_codes,
     take_trailing_command,
 )
-from ssh_scheduler.hostlist import expand
+from ssh_scheduler.errors import ConfigError, TransferError
+from ssh_scheduler.machines.config import Machine, local_machine
+from ssh_scheduler.machines.hostlist import expand
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from ssh_scheduler.batch import parse_batch
 from ssh_scheduler.errors import TransferError
-from ssh_scheduler.forward import (
+from ssh_scheduler.jobs.batch_file import parse_batch
+from ssh_scheduler.jobs.forward import (
     ForwardPolicy,
     Hasher,
     check_forward_size,
@@ -18,7 +18,7 @@ from ssh_scheduler.forward import (
     collect_forward,
     describe_forward,
 )
-from ssh_scheduler.ignore import IgnoreRules, compile_pattern
+from ssh_scheduler.jobs.ignore import IgnoreRules, compile_pattern
 
 FAKE_KEY = b"-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----\n"
 

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ssh_scheduler.forward import human_bytes
+from ssh_scheduler.jobs.forward import human_bytes
 from tests.cluster import Cluster, Host
 
 REPO = Path(__file__).resolve().parents[1]

@@ -18,13 +18,13 @@ import asyncssh
 import pytest
 
 import ssh_scheduler.transport
-from ssh_scheduler import protocol as P
-from ssh_scheduler.allocate import Needs
-from ssh_scheduler.batch import Job
+from ssh_scheduler.agent import protocol as P
+from ssh_scheduler.coordinator.batch import BatchOptions, run_batch
+from ssh_scheduler.coordinator.remote import RemoteOptions, execute_remote
 from ssh_scheduler.errors import TransferError, TransportError
-from ssh_scheduler.remote import RemoteOptions, execute_remote
-from ssh_scheduler.scheduler import BatchOptions, run_batch
-from ssh_scheduler.transfer import CopyLimits, link_stays_inside, safe_relpath
+from ssh_scheduler.executors.transfer import CopyLimits, link_stays_inside, safe_relpath
+from ssh_scheduler.jobs.batch_file import Job
+from ssh_scheduler.planner.allocate import Needs
 from tests.hostile_server import ENDLESS, STALL, HostileServer, Scenario, hostile_server
 
 # Paths a careless client would create when following the hostile names literally.

@@ -6,7 +6,7 @@ import tracemalloc
 import pytest
 
 from ssh_scheduler.errors import ConfigError
-from ssh_scheduler.hostlist import MAX_EXPANSION, expand, fold
+from ssh_scheduler.machines.hostlist import MAX_EXPANSION, expand, fold
 
 
 @pytest.mark.parametrize(

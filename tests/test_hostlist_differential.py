@@ -13,7 +13,7 @@ import pytest
 from ClusterShell.NodeSet import NodeSet, NodeSetException
 
 from ssh_scheduler.errors import ConfigError
-from ssh_scheduler.hostlist import expand, fold
+from ssh_scheduler.machines.hostlist import expand, fold
 
 DELIBERATE = ("not supported", "leaves no host")
 PREFIXES = ["gpu", "n", "r1n", "node-", "a.b", "", "x_"]

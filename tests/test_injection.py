@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ssh_scheduler.config import load_machine
-from ssh_scheduler.remote import RemoteOptions, execute_remote
+from ssh_scheduler.coordinator.remote import RemoteOptions, execute_remote
+from ssh_scheduler.machines.config import load_machine
 from tests.cluster import Cluster, Host
 
 REPO = Path(__file__).resolve().parents[1]
@@ -289,12 +289,12 @@ REFUSED: dict[str, tuple[dict[str, bytes], list[str]]] = {
 }
 
 
-# Runs each case's command line through ``ssh_scheduler.cli.main`` (what ``python -m
+# Runs each case's command line through ``ssh_scheduler.cli.main.main`` (what ``python -m
 # ssh_scheduler`` runs) in a forked child of one preloaded interpreter: the exit status and the
 # stdout/stderr are the real CLI's, without paying an interpreter start per case.
 FORK_DRIVER = r"""
 import json, os, sys, traceback
-from ssh_scheduler.cli import main
+from ssh_scheduler.cli.main import main
 results = []
 for case in json.load(sys.stdin):
     sys.stdout.flush(); sys.stderr.flush()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from ssh_scheduler.allocate import Needs, NeedsOverride
-from ssh_scheduler.batch import parse_batch, parse_command_line
 from ssh_scheduler.errors import BatchError
+from ssh_scheduler.jobs.batch_file import parse_batch, parse_command_line
+from ssh_scheduler.planner.allocate import Needs, NeedsOverride
 
 
 def test_line_sets_its_own_needs() -> None:

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ssh_scheduler.batch import Job
-from ssh_scheduler.journal import JOURNAL_NAME, Journal, batch_token, last_states, read_journal
-from ssh_scheduler.policy import Resumable, changed_commands, in_flight
+from ssh_scheduler.jobs.batch_file import Job
+from ssh_scheduler.planner.policy import Resumable, changed_commands, in_flight
+from ssh_scheduler.results.journal import (
+    JOURNAL_NAME,
+    Journal,
+    batch_token,
+    last_states,
+    read_journal,
+)
 
 
 def test_a_torn_last_line_is_ignored(tmp_path: Path) -> None:

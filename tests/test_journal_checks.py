@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 
 from ssh_scheduler.errors import ConfigError
-from ssh_scheduler.journal import JOURNAL_NAME, Journal, batch_token, entry_problem, last_states
+from ssh_scheduler.results.journal import (
+    JOURNAL_NAME,
+    Journal,
+    batch_token,
+    entry_problem,
+    last_states,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "0123456789abcdef"

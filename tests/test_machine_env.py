@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from ssh_scheduler.config import load_machine
 from ssh_scheduler.errors import ConfigError
-from ssh_scheduler.machine_env import SETUP_FAILED, with_setup
+from ssh_scheduler.machines.config import load_machine
+from ssh_scheduler.machines.machine_env import SETUP_FAILED, with_setup
 
 
 def machine_file(tmp_path: Path, extra: str) -> Path:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from ssh_scheduler.open_files import files_needed
+from ssh_scheduler.coordinator.open_files import files_needed
 
 
 def with_limits(soft: int, hard: int, hosts: int) -> subprocess.CompletedProcess[str]:
@@ -15,7 +15,7 @@ def with_limits(soft: int, hard: int, hosts: int) -> subprocess.CompletedProcess
         "import resource\n"
         f"resource.setrlimit(resource.RLIMIT_NOFILE, ({soft}, {hard}))\n"
         "from ssh_scheduler.errors import ConfigError\n"
-        "from ssh_scheduler.open_files import raise_open_files_limit\n"
+        "from ssh_scheduler.coordinator.open_files import raise_open_files_limit\n"
         "try:\n"
         f"    print(raise_open_files_limit({hosts}), resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
         "except ConfigError as exc:\n"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from ssh_scheduler.coordinator.jobrun import OutputFiles
 from ssh_scheduler.errors import TransferError
-from ssh_scheduler.jobrun import OutputFiles
 
 
 def test_a_silent_stream_leaves_no_file_and_a_printing_one_gets_exactly_its_bytes(tmp_path: Path) -> None:

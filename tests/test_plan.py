@@ -7,8 +7,6 @@ from collections import Counter
 
 import pytest
 
-from ssh_scheduler.allocate import Needs, NeedsOverride
-from ssh_scheduler.batch import Job
 from ssh_scheduler.errors import UnsatisfiableError
 from ssh_scheduler.events import (
     BatchStarted,
@@ -25,7 +23,10 @@ from ssh_scheduler.events import (
     Stopping,
     Waiting,
 )
-from ssh_scheduler.plan import (
+from ssh_scheduler.jobs.batch_file import Job
+from ssh_scheduler.machines.probe import GpuState, HostState
+from ssh_scheduler.planner.allocate import Needs, NeedsOverride
+from ssh_scheduler.planner.plan import (
     Action,
     Cleanup,
     Commit,
@@ -40,8 +41,7 @@ from ssh_scheduler.plan import (
     StartJob,
     StopBatch,
 )
-from ssh_scheduler.policy import Resumable, parse_halt
-from ssh_scheduler.probe import GpuState, HostState
+from ssh_scheduler.planner.policy import Resumable, parse_halt
 
 CPU = Needs(cpus=1, memory_mb=100, gpus=0, gpu_memory_mb=0, reserve_gpu=False)
 

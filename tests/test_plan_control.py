@@ -3,9 +3,9 @@ values: no sockets, no hosts."""
 
 from __future__ import annotations
 
-from ssh_scheduler.batch import Job
 from ssh_scheduler.events import BatchPaused, BatchResumed, JobCancelled, JobNotRun, Notice
-from ssh_scheduler.plan import JobPhase, KillJob, StartJob
+from ssh_scheduler.jobs.batch_file import Job
+from ssh_scheduler.planner.plan import JobPhase, KillJob, StartJob
 from tests.test_plan import events, finish, jobs, planner, starts
 
 

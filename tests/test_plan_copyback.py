@@ -12,8 +12,6 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from ssh_scheduler.allocate import Needs, NeedsOverride, OwnUsage
-from ssh_scheduler.batch import Job
 from ssh_scheduler.events import (
     Ended,
     JobCancelled,
@@ -23,7 +21,10 @@ from ssh_scheduler.events import (
     Notice,
     Stopping,
 )
-from ssh_scheduler.plan import (
+from ssh_scheduler.jobs.batch_file import Job
+from ssh_scheduler.machines.probe import GpuProcess, GpuState, HostState
+from ssh_scheduler.planner.allocate import Needs, NeedsOverride, OwnUsage
+from ssh_scheduler.planner.plan import (
     Action,
     Commit,
     Discard,
@@ -35,8 +36,7 @@ from ssh_scheduler.plan import (
     StartJob,
     StopBatch,
 )
-from ssh_scheduler.policy import parse_halt
-from ssh_scheduler.probe import GpuProcess, GpuState, HostState
+from ssh_scheduler.planner.policy import parse_halt
 
 CPU = Needs(cpus=1, memory_mb=100, gpus=0, gpu_memory_mb=0, reserve_gpu=False)
 GPU = Needs(cpus=0.5, memory_mb=100, gpus=1, gpu_memory_mb=9000, reserve_gpu=False)

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from ssh_scheduler.allocate import Needs, NeedsOverride, OwnUsage
-from ssh_scheduler.batch import Job
 from ssh_scheduler.errors import UnsatisfiableError
 from ssh_scheduler.events import BatchStarted, Ended, JobNotRun, JobReattached
-from ssh_scheduler.plan import Action, Commit, Planner, PlanOptions, Reprobe, Say, StartJob
-from ssh_scheduler.policy import Resumable
-from ssh_scheduler.probe import GpuProcess, GpuState, HostState
+from ssh_scheduler.jobs.batch_file import Job
+from ssh_scheduler.machines.probe import GpuProcess, GpuState, HostState
+from ssh_scheduler.planner.allocate import Needs, NeedsOverride, OwnUsage
+from ssh_scheduler.planner.plan import Action, Commit, Planner, PlanOptions, Reprobe, Say, StartJob
+from ssh_scheduler.planner.policy import Resumable
 
 CPU = Needs(cpus=1, memory_mb=100, gpus=0, gpu_memory_mb=0, reserve_gpu=False)
 

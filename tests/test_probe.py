@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ssh_scheduler.errors import ProbeError
-from ssh_scheduler.probe import (
+from ssh_scheduler.machines.probe import (
     PROBE_COMMAND,
     PROBE_SCRIPT,
     GpuProcess,

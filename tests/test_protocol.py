@@ -1,4 +1,4 @@
-"""The agent protocol (ssh_scheduler/protocol.py): every message has its handler and decoder,
+"""The agent protocol (ssh_scheduler/agent/protocol.py): every message has its handler and decoder,
 round-trips, and a malformed line is a ProtocolError naming what is wrong, never a crash."""
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from ssh_scheduler import agent, runner
-from ssh_scheduler import protocol as P
+from ssh_scheduler.agent import main as agent
+from ssh_scheduler.agent import protocol as P
+from ssh_scheduler.executors import session as runner
 from ssh_scheduler.transport import agent_bootstrap
 from tests.hostile_server import HostileServer
 

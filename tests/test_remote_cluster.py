@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ssh_scheduler.config import load_machine
-from ssh_scheduler.probe import PROBE_COMMAND, parse_gpu_query, parse_probe_output
+from ssh_scheduler.machines.config import load_machine
+from ssh_scheduler.machines.probe import PROBE_COMMAND, parse_gpu_query, parse_probe_output
 from ssh_scheduler.transport import connect
 from tests.captures import capture
 from tests.cluster import Cluster, GpuSpec, HostSpec

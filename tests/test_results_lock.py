@@ -17,10 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from ssh_scheduler.batch import RESERVED_NAMES, parse_batch
 from ssh_scheduler.errors import BatchError, ConfigError, TransferError
-from ssh_scheduler.journal import JOURNAL_NAME
-from ssh_scheduler.results_folder import LOCK_NAME, hold_results_folder, refuse_planted_links
+from ssh_scheduler.jobs.batch_file import RESERVED_NAMES, parse_batch
+from ssh_scheduler.results.journal import JOURNAL_NAME
+from ssh_scheduler.results.results_folder import (
+    LOCK_NAME,
+    hold_results_folder,
+    refuse_planted_links,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 HOLDER = """

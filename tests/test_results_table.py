@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ssh_scheduler.errors import ConfigError
-from ssh_scheduler.results_table import (
+from ssh_scheduler.results.results_table import (
     format_delimited,
     format_json,
     format_text,

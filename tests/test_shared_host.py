@@ -24,11 +24,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ssh_scheduler import hostguard
-from ssh_scheduler import protocol as P
+from ssh_scheduler.agent import hostguard
+from ssh_scheduler.agent import protocol as P
+from ssh_scheduler.coordinator.remote import RemoteOptions, execute_remote
 from ssh_scheduler.errors import TransportError
-from ssh_scheduler.remote import RemoteOptions, execute_remote
-from ssh_scheduler.runner import root_matches
+from ssh_scheduler.executors.session import root_matches
 from ssh_scheduler.transport import agent_bootstrap
 from tests.cluster import Cluster, Host
 from tests.hostile_server import HostileServer

@@ -1,4 +1,4 @@
-"""ssh_scheduler.slurm (pure): sbatch from a job's needs, the slurm: section, and Slurm's own
+"""ssh_scheduler.machines.slurm (pure): sbatch from a job's needs, the slurm: section, and Slurm's own
 answers, captured from the test Slurm (tests/data/slurm/) -- squeue, scontrol, sbatch refusals."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from ssh_scheduler.errors import ConfigError
-from ssh_scheduler.needs import Needs
-from ssh_scheduler.slurm import (
+from ssh_scheduler.jobs.needs import Needs
+from ssh_scheduler.machines.slurm import (
     SlurmSettings,
     batch_script,
     final_status,
@@ -213,8 +213,8 @@ def test_slurm_section_values() -> None:
 
 
 def test_a_slurm_queue_takes_max_queued_jobs_after_every_host_with_room() -> None:
-    from ssh_scheduler.allocate import MachineResources, choose
-    from ssh_scheduler.probe import GpuState, HostState
+    from ssh_scheduler.machines.probe import GpuState, HostState
+    from ssh_scheduler.planner.allocate import MachineResources, choose
 
     queue = MachineResources(
         "slurm",
@@ -241,7 +241,7 @@ def test_a_slurm_queue_takes_max_queued_jobs_after_every_host_with_room() -> Non
 
 
 def test_an_array_runs_each_task_in_its_own_jobs_folder(tmp_path: Path) -> None:
-    from ssh_scheduler.slurm_array import (
+    from ssh_scheduler.executors.slurm_array import (
         array_script,
         array_submit_command,
         parse_array_script,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from ssh_scheduler.journal import batch_token
+from ssh_scheduler.results.journal import batch_token
 from tests.conftest_slurm import SlurmSite
 from tests.live_batch import LiveBatch, batch_env, run_batch, wait_until
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-from ssh_scheduler.journal import batch_token
+from ssh_scheduler.results.journal import batch_token
 from tests.conftest_slurm import SlurmSite
 from tests.live_batch import LiveBatch, run_batch, wait_until
 from tests.test_slurm_batch import shared_dir, slurm_machine

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ssh_scheduler.config import load_machine
+from ssh_scheduler.machines.config import load_machine
 from ssh_scheduler.transport import connect
 from tests.cluster import Cluster, Host
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from ssh_scheduler.errors import ConfigError
-from ssh_scheduler.ssh_config import SYSTEM_SSH_CONFIG, read_config_file
-from ssh_scheduler.ssh_resolve import SshHost, resolve_host
+from ssh_scheduler.machines.ssh_config import SYSTEM_SSH_CONFIG, read_config_file
+from ssh_scheduler.machines.ssh_resolve import SshHost, resolve_host
 from tests.ssh_reference import Reference, make_reference
 
 DELIBERATE = ("is not supported", "when connecting")

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from ssh_scheduler.allocate import NeedsOverride
-from ssh_scheduler.cli_sweep import sweep_args
+from ssh_scheduler.cli.sweep import sweep_args
 from ssh_scheduler.errors import ConfigError
-from ssh_scheduler.sweep import (
+from ssh_scheduler.jobs.sweep import (
     MAX_NAME_CHARS,
     Combination,
     build_jobs,
@@ -25,7 +24,8 @@ from ssh_scheduler.sweep import (
     sample,
     select_commands,
 )
-from ssh_scheduler.sweep_store import (
+from ssh_scheduler.planner.allocate import NeedsOverride
+from ssh_scheduler.results.sweep_store import (
     Layout,
     collect,
     job_stats,

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from ssh_scheduler.display import plain_subscriber, summary_lines
+from ssh_scheduler.coordinator.batch import BatchSummary, JobOutcome
+from ssh_scheduler.coordinator.preflight import check_numbers, check_results_dir
 from ssh_scheduler.errors import ConfigError
 from ssh_scheduler.events import (
     BatchStarted,
@@ -26,10 +27,9 @@ from ssh_scheduler.events import (
     JobSkipped,
     JobStarted,
 )
-from ssh_scheduler.live import BoardState, estimate_left, render
-from ssh_scheduler.preflight import check_numbers, check_results_dir
-from ssh_scheduler.scheduler import BatchSummary, JobOutcome
-from ssh_scheduler.status import fold_journal, joblog_lines, status_json, status_lines
+from ssh_scheduler.results.status import fold_journal, joblog_lines, status_json, status_lines
+from ssh_scheduler.view.display import plain_subscriber, summary_lines
+from ssh_scheduler.view.live import BoardState, estimate_left, render
 
 JOURNAL = [
     {"t": 100.0, "job": "", "state": "batch", "token": "abc", "jobs": 5},
@@ -161,7 +161,7 @@ def test_results_dir_must_be_a_writable_folder(tmp_path: Path) -> None:
         check_results_dir(tmp_path / "file" / "job_results")
 
 
-@pytest.mark.parametrize("module", ["status", "display", "preflight"])
+@pytest.mark.parametrize("module", ["results.status", "view.display", "coordinator.preflight"])
 def test_the_pure_view_modules_load_no_asyncio(module: str) -> None:
     code = f"import sys, ssh_scheduler.{module}; print(sorted(m for m in ('asyncio', 'asyncssh', 'rich') if m in sys.modules))"
     found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -169,7 +169,7 @@ def test_the_pure_view_modules_load_no_asyncio(module: str) -> None:
 
 
 def test_doctor_reads_the_check_output_and_names_each_fix() -> None:
-    from ssh_scheduler.doctor import HostReport, parse_report, report_lines
+    from ssh_scheduler.coordinator.doctor import HostReport, parse_report, report_lines
 
     good = HostReport("g", reachable=True, host_key=True, login=True)
     parse_report(good, "shell=bash\npython=3.11\ndisk_free_kb=20971520\ncpus=8\nmem_free_kb=4194304\n"

@@ -23,8 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..config import Machine
-from ..errors import (
+from ssh_scheduler.errors import (
     AgentStartError,
     AuthenticationError,
     ConnectionLostError,
@@ -32,17 +31,18 @@ from ..errors import (
     HostUnreachableError,
     TransportError,
 )
-from .auth import (
+from ssh_scheduler.machines.config import Machine
+from ssh_scheduler.transport.auth import (
     _jump_chain,
     _load_client_keys,
     _negotiation_hint,
     _proxy_command,
     algorithm_options,
 )
-from .auth import check_key_permissions as check_key_permissions
-from .auth import load_client_keys as load_client_keys
-from .base import AGENT_MODULES as AGENT_MODULES
-from .base import (
+from ssh_scheduler.transport.auth import check_key_permissions as check_key_permissions
+from ssh_scheduler.transport.auth import load_client_keys as load_client_keys
+from ssh_scheduler.transport.base import AGENT_MODULES as AGENT_MODULES
+from ssh_scheduler.transport.base import (
     CHUNK,
     KEEPALIVE_COUNT_MAX,
     KEEPALIVE_INTERVAL,
@@ -58,8 +58,8 @@ from .base import (
     describe,
     printable,
 )
-from .base import Stream as Stream
-from .hostkeys import (
+from ssh_scheduler.transport.base import Stream as Stream
+from ssh_scheduler.transport.hostkeys import (
     KnownHosts,
     _changed_message,
     _key_text,
@@ -69,12 +69,12 @@ from .hostkeys import (
     known_hosts_files,
     record_host_key,
 )
-from .hostkeys import accept_new_host_key as accept_new_host_key
-from .hostkeys import host_key_entry_exists as host_key_entry_exists
-from .hostkeys import known_hosts_name as known_hosts_name
-from .hostkeys import unknown_key_message as unknown_key_message
-from .loading import import_asyncssh
-from .local import LocalTransport, _pump
+from ssh_scheduler.transport.hostkeys import accept_new_host_key as accept_new_host_key
+from ssh_scheduler.transport.hostkeys import host_key_entry_exists as host_key_entry_exists
+from ssh_scheduler.transport.hostkeys import known_hosts_name as known_hosts_name
+from ssh_scheduler.transport.hostkeys import unknown_key_message as unknown_key_message
+from ssh_scheduler.transport.loading import import_asyncssh
+from ssh_scheduler.transport.local import LocalTransport, _pump
 
 # --- ssh -----------------------------------------------------------------------------------------
 
@@ -163,7 +163,7 @@ class SSHTransport:
             "keepalive_interval": keepalive if keepalive is not None else KEEPALIVE_INTERVAL,
             "keepalive_count_max": KEEPALIVE_COUNT_MAX,
             "agent_forwarding": machine.forward_agent,
-            # The ssh config was already applied by ssh_scheduler.config; () would make asyncssh
+            # The ssh config was already applied by ssh_scheduler.machines.config; () would make asyncssh
             # read ~/.ssh/config a second time and apply it again (HostName, ProxyCommand...).
             "config": None,
             "login_timeout": machine.connect_timeout,
@@ -473,7 +473,7 @@ class SSHTransport:
 
 async def _open_jump_hosts(machine: Machine) -> list[Any]:
     """Connect through each ProxyJump hop in turn, as ``ssh -J`` would: each hop has its own
-    user, port, keys and known_hosts from the ssh config (resolved by ssh_scheduler.config, never
+    user, port, keys and known_hosts from the ssh config (resolved by ssh_scheduler.machines.config, never
     by asyncssh's reader), the first hop may have a ProxyCommand; agent forwarding stays off."""
     import asyncssh
 

@@ -8,12 +8,12 @@ import shlex
 import stat
 from typing import Any
 
-from ..config import Machine
-from ..errors import (
+from ssh_scheduler.errors import (
     AuthenticationError,
     TransportError,
 )
-from .base import LEGACY_KEY
+from ssh_scheduler.machines.config import Machine
+from ssh_scheduler.transport.base import LEGACY_KEY
 
 
 def check_key_permissions(path: str) -> None:

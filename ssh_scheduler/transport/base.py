@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..config import Machine
-from ..errors import (
+from ssh_scheduler.errors import (
     TransportError,
 )
+from ssh_scheduler.machines.config import Machine
 
 KEEPALIVE_INTERVAL = 10.0
 KEEPALIVE_COUNT_MAX = 3
@@ -43,7 +43,7 @@ def printable(text: object, limit: int = 300) -> str:
     return shown if len(shown) <= limit else shown[: limit - 3] + "..."
 
 
-AGENT_MODULES = ("protocol", "hostguard", "agent_io", "agent")  # shipped together, run in this order
+AGENT_MODULES = ("protocol", "hostguard", "plumbing", "main")  # shipped together, run in this order
 
 # Runs on the host (python3 >= 3.8); argv: blob, root, token, key.  Compiling the ~1500 lines
 # shipped cost more than the rest of the agent's start, so the code objects are kept in the work
@@ -53,7 +53,7 @@ AGENT_MODULES = ("protocol", "hostguard", "agent_io", "agent")  # shipped togeth
 # The helpers become modules ssh_scheduler_<name>, where agent.py looks for them.
 _BOOT = """\
 import sys,os,marshal
-n=('protocol','hostguard','agent_io','agent');k='code-%s-%s'%(sys.argv[4],sys.implementation.cache_tag);c=None
+n=('protocol','hostguard','plumbing','main');k='code-%s-%s'%(sys.argv[4],sys.implementation.cache_tag);c=None
 def mine(fd):
  s=os.fstat(fd);return s.st_uid==os.getuid() and not s.st_mode&18
 try:
@@ -65,7 +65,7 @@ try:
  finally:os.close(d)
 except (OSError,ValueError,EOFError,TypeError):c=None
 if not isinstance(c,list) or len(c)!=len(n):
- import zlib,base64;c=[compile(s,'ssh_scheduler/%s.py'%m,'exec') for m,s in zip(n,zlib.decompress(base64.b64decode(sys.argv[1])).split(b'\\0'))]
+ import zlib,base64;c=[compile(s,'ssh_scheduler/agent/%s.py'%m,'exec') for m,s in zip(n,zlib.decompress(base64.b64decode(sys.argv[1])).split(b'\\0'))]
 for m,s in zip(n[:-1],c):x=sys.modules['ssh_scheduler_'+m]=type(sys)(m);exec(s,x.__dict__)
 g={'__name__':'ssh_scheduler_agent','CODE':(k,c)};exec(c[-1],g);g['main'](*sys.argv[2:4])
 """
@@ -74,7 +74,7 @@ g={'__name__':'ssh_scheduler_agent','CODE':(k,c)};exec(c[-1],g);g['main'](*sys.a
 @functools.cache
 def _agent_blob() -> tuple[str, str]:
     """The shipped sources, compressed, and a key naming this version of them."""
-    here = Path(__file__).parent.parent  # the package folder: agent.py and friends
+    here = Path(__file__).parent.parent / "agent"  # what travels to the hosts
     sources = b"\0".join((here / f"{name}.py").read_bytes() for name in AGENT_MODULES)
     return base64.b64encode(zlib.compress(sources, 9)).decode(), hashlib.sha256(sources).hexdigest()[:20]
 

@@ -12,13 +12,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..config import Machine
-from ..errors import (
+from ssh_scheduler.errors import (
     HostKeyError,
     HostUnreachableError,
 )
-from .auth import _proxy_command
-from .base import describe
+from ssh_scheduler.machines.config import Machine
+from ssh_scheduler.transport.auth import _proxy_command
+from ssh_scheduler.transport.base import describe
 
 
 def default_known_hosts() -> list[str]:

@@ -13,11 +13,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..config import Machine
-from ..errors import (
+from ssh_scheduler.errors import (
     TransportError,
 )
-from .base import CHUNK, AgentProcess, ExecResult, OutputSink, SizeLimitExceeded, agent_bootstrap
+from ssh_scheduler.machines.config import Machine
+from ssh_scheduler.transport.base import (
+    CHUNK,
+    AgentProcess,
+    ExecResult,
+    OutputSink,
+    SizeLimitExceeded,
+    agent_bootstrap,
+)
 
 # --- local ---------------------------------------------------------------------------------------
 

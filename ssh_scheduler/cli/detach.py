@@ -1,0 +1,164 @@
+"""``execute_batch --detach`` on the command line, and ``ssh-scheduler attach``.
+
+The mechanism (re-exec, the event file, following it) is :mod:`ssh_scheduler.coordinator.detach`; this
+module decides what is printed and with which exit status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from ssh_scheduler.cli.main import err_line as _err
+from ssh_scheduler.cli.main import out_line as _out
+from ssh_scheduler.coordinator.detach import (
+    EVENTS_NAME,
+    EXIT_EVENT,
+    LOG_NAME,
+    CoordinatorSession,
+    event_from_json,
+    follow_events,
+    start_coordinator,
+)
+from ssh_scheduler.errors import SchedulerError
+
+if TYPE_CHECKING:
+    from ssh_scheduler.coordinator.batch import Batch
+
+__all__ = ["DetachedDisplay", "attach", "start_detached"]
+
+CANCELLED_LINE = "cancelled: running jobs were killed"
+
+
+def start_detached(args: list[str], results_dir: Path, *, json_events: bool, dry_run: bool) -> int:
+    """The parent: refuse what cannot go with --detach, start the coordinator, and return its
+    refusal's exit status or 0 once the batch is under way."""
+    if json_events:
+        _err(
+            "error: --json cannot go with --detach: a detached batch's events are in "
+            f"{results_dir}/{EVENTS_NAME}; follow them with ssh-scheduler attach --json"
+        )
+        return 2
+    if dry_run:
+        _err("error: --dry-run runs nothing to detach from; drop --detach")
+        return 2
+    argv = [sys.executable, "-m", "ssh_scheduler", "execute_batch", *(a for a in args if a != "--detach")]
+
+    def echo(data: bytes) -> None:
+        sys.stderr.buffer.write(data)
+        sys.stderr.flush()
+
+    pid, code = start_coordinator(argv, echo)
+    if pid is None:
+        return code
+    where = _where(results_dir)
+    _err(f"detached: the batch runs on in the background (pid {pid}); its log: {results_dir}/{LOG_NAME}")
+    _err(f"  follow it: ssh-scheduler attach{where}; stop it: ssh-scheduler cancel --all{where}")
+    return 0
+
+
+class DetachedDisplay:
+    """The detached coordinator's display: plain lines into its log, every event into the event
+    file, and at the end the exit record ``attach`` ends with."""
+
+    def __init__(self, session: CoordinatorSession, batch: Batch, verbosity: int) -> None:
+        from ssh_scheduler.view.display import plain_subscriber, wire_logging
+
+        self.session = session
+        self.batch = batch
+        batch.bus.subscribe(session)
+        out, err = session.printer(_out), session.printer(_err)
+        batch.bus.subscribe(plain_subscriber(out, err, verbosity))
+        wire_logging(verbosity, err)
+
+    def __enter__(self) -> DetachedDisplay:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        from ssh_scheduler.view.display import summary_lines
+
+        results_dir = self.session.results_dir
+        if exc is None:
+            summary = self.batch.summary
+            code, lines = summary.exit_code, summary_lines(summary, results_dir)
+        elif isinstance(exc, SchedulerError):
+            code, lines = exc.exit_code, [f"error: {exc}"]
+        elif isinstance(exc, asyncio.CancelledError):
+            code, lines = 130, [CANCELLED_LINE]
+        else:
+            code, lines = 1, [f"error: the coordinator stopped: {exc!r} (see {results_dir}/{LOG_NAME})"]
+        self.session.finish(code, lines)
+
+
+def attach(
+    results_dir: Annotated[Path, typer.Option("--results-dir", help="the batch's results folder")] = Path("job_results"),
+    json_output: Annotated[bool, typer.Option("--json", help="the event records as they are (one JSON object a line)")] = False,
+    live: Annotated[bool, typer.Option("--live", help="the live view (progress and hosts) on a terminal")] = False,
+    verbose: Annotated[int, typer.Option("--verbose", "-v", count=True, help="also show probes")] = 0,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print only failures and the summary")] = False,
+) -> None:
+    """Follow a detached batch: what it printed so far, then its lines as they come; ends with the
+    batch's exit status.  Ctrl-C leaves the viewer, never the batch."""
+    import contextlib
+
+    from ssh_scheduler.view.display import plain_subscriber
+
+    if json_output and live:
+        _err("error: --json and --live are two views; choose one")
+        raise typer.Exit(2)
+    if not (results_dir / EVENTS_NAME).is_file():
+        why = (
+            "its batch was not started with --detach (ssh-scheduler status shows its progress)"
+            if (results_dir / ".journal.jsonl").is_file()
+            else "no batch ran there with --detach"
+        )
+        _err(f"error: nothing to attach to in {results_dir}: {why}")
+        raise typer.Exit(2)
+    verbosity = -1 if quiet else verbose
+    view: Any = None
+    if live:
+        from ssh_scheduler.view.live import LiveView
+
+        view = LiveView(verbosity=verbosity)
+    show = view or plain_subscriber(_out, _err, verbosity)
+    end: dict[str, Any] | None = None
+    header: dict[str, Any] = {}
+    try:
+        with view or contextlib.nullcontext():
+            for record in follow_events(results_dir):
+                if json_output:
+                    _out(_json_line(record))
+                if record.get("event") == EXIT_EVENT:
+                    end = record
+                elif record.get("event") == "coordinator":
+                    header = record
+                elif not json_output and (event := event_from_json(record)) is not None:
+                    show(event)
+    except KeyboardInterrupt:
+        _err(f"detached from the view; the batch goes on (ssh-scheduler attach{_where(results_dir)} to follow it again)")
+        raise typer.Exit(130) from None
+    if end is None:
+        _err(
+            f"error: the coordinator (pid {header.get('pid', '?')}) ended without finishing the batch; "
+            f"ssh-scheduler status shows what it left, and the same execute_batch again goes on with it"
+        )
+        raise typer.Exit(1)
+    if not json_output:
+        for line in end.get("lines", []):
+            _err(str(line))
+    raise typer.Exit(int(end.get("code", 1)))
+
+
+def _where(results_dir: Path) -> str:
+    return "" if results_dir == Path("job_results") else f" --results-dir {results_dir}"
+
+
+def _json_line(record: dict[str, Any]) -> str:
+    import json
+
+    return json.dumps(record, separators=(",", ":"))

@@ -1,0 +1,146 @@
+"""``ssh-scheduler status`` / ``jobs`` (read the journal) and ``pause`` / ``resume`` /
+``cancel`` (ask the running coordinator over its control socket)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ssh_scheduler.coordinator.control import ControlError, send_request
+from ssh_scheduler.coordinator.detach import LOG_NAME, coordinator_header
+from ssh_scheduler.errors import SchedulerError
+from ssh_scheduler.results.journal import JOURNAL_NAME, read_journal
+from ssh_scheduler.results.status import fold_journal, joblog_lines, status_json, status_lines
+
+ResultsArg = Annotated[Path, typer.Argument(help="the batch's results folder")]
+ResultsOpt = Annotated[Path, typer.Option("--results-dir", help="the batch's results folder")]
+
+
+def _echo(line: str) -> None:
+    typer.echo(line)
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+def _journal(results_dir: Path) -> list[dict[str, Any]]:
+    if not (results_dir / JOURNAL_NAME).is_file():
+        raise _fail(f"{results_dir} holds no batch journal ({JOURNAL_NAME}); pass the results folder of a batch")
+    return read_journal(results_dir)
+
+
+def status(
+    results_dir: ResultsArg = Path("job_results"),
+    json_output: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
+) -> None:
+    """Counts, running jobs with their host and GPUs, and failures of a batch (running or not)."""
+    batch = fold_journal(_journal(results_dir))
+    try:
+        coordinator: dict[str, Any] | None = send_request(results_dir, {"command": "status"})
+    except ControlError:
+        coordinator = None
+    if json_output:
+        _echo(json.dumps(status_json(batch, results_dir, coordinator)))
+        return
+    for line in status_lines(batch, results_dir, coordinator, time.time()):
+        _echo(line)
+    header = coordinator_header(results_dir)
+    if coordinator is not None and header is not None and header.get("pid") == coordinator.get("pid"):
+        _echo(f"  detached: its log is {results_dir}/{LOG_NAME}; ssh-scheduler attach follows it")
+
+
+def jobs(results_dir: ResultsArg = Path("job_results")) -> None:
+    """Every ended job as GNU parallel's --joblog (TSV)."""
+    for line in joblog_lines(fold_journal(_journal(results_dir))):
+        _echo(line)
+
+
+def _ask(results_dir: Path, request: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return send_request(results_dir, request)
+    except SchedulerError as exc:
+        raise _fail(str(exc), exc.exit_code) from None
+
+
+def pause(results_dir: ResultsOpt = Path("job_results")) -> None:
+    """Start no new job in the running batch until `resume`; running jobs go on."""
+    reply = _ask(results_dir, {"command": "pause"})
+    _echo(f"paused ({len(reply['running'])} jobs still running)")
+
+
+def resume(results_dir: ResultsOpt = Path("job_results")) -> None:
+    """Let the running batch start jobs again."""
+    _ask(results_dir, {"command": "resume"})
+    _echo("resumed")
+
+
+def cancel(
+    job_names: Annotated[list[str] | None, typer.Argument(help="jobs to kill (running) or drop (waiting); none: the whole batch", metavar="[JOB...]")] = None,
+    results_dir: ResultsOpt = Path("job_results"),
+    stop_all: Annotated[bool, typer.Option("--all", help="stop the whole batch: kill its jobs, clean its hosts")] = False,
+) -> None:
+    """Kill the named jobs of the running batch (or take them out of its queue); with no names
+    (or --all) stop the whole batch as Ctrl-C twice would, and wait until it has."""
+    if job_names and stop_all:
+        raise _fail("name jobs or pass --all, not both")
+    if job_names:
+        _ask(results_dir, {"command": "cancel", "jobs": job_names})
+        _echo(f"cancelled: {' '.join(job_names)}")
+        return
+    reply = _ask(results_dir, {"command": "stop"})
+    _echo(f"stopping the batch (pid {reply['pid']}): killing {len(reply['running'])} running jobs, cleaning its hosts")
+    _echo("stopped" if wait_for_exit(reply) else "still stopping; ssh-scheduler status shows when it has")
+
+
+def wait_for_exit(reply: dict[str, Any], limit: float = 120.0) -> bool:
+    """Wait until the coordinator that sent ``reply`` has ended (seen only on its own host)."""
+    import os
+    import socket
+
+    if reply.get("host") != socket.gethostname():
+        return False
+    deadline = time.monotonic() + limit
+    while True:
+        try:
+            os.kill(int(reply["pid"]), 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass  # it exists
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+
+
+def doctor(
+    machines: Annotated[list[str], typer.Option("--machines", help="machine YAML files, ~/.ssh/config aliases or ranges")],
+    accept_new: Annotated[bool, typer.Option("--accept-new", help="trust and record unknown host keys")] = False,
+    json_output: Annotated[bool, typer.Option("--json", help="one JSON list, an object per host")] = False,
+) -> None:
+    """Check every host at once; exit 0 only when all pass."""
+    import asyncio
+
+    from ssh_scheduler.coordinator.doctor import check_hosts, report_json, report_lines
+    from ssh_scheduler.machines.config import load_machines
+
+    try:
+        hosts = load_machines(machines)
+    except SchedulerError as exc:
+        raise _fail(str(exc), exc.exit_code) from None
+    reports = asyncio.run(check_hosts(hosts, accept_new=accept_new))
+    if json_output:
+        _echo(json.dumps(report_json(reports)))
+    else:
+        for line in report_lines(reports):
+            _echo(line)
+    raise typer.Exit(0 if all(r.ok for r in reports) else 1)
+
+
+COMMANDS: dict[str, Callable[..., None]] = {"doctor": doctor, "status": status, "jobs": jobs, "pause": pause, "resume": resume, "cancel": cancel}

@@ -1,0 +1,201 @@
+"""What a batch run takes and gives (its options and summary), and which of its jobs run now.
+
+Plain data and file-system reads of ``job_results/`` (the journal, existing results); no
+connections.  The coordinator (:mod:`ssh_scheduler.coordinator.batch`) uses these.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ssh_scheduler.errors import ConfigError
+from ssh_scheduler.events import (
+    Ended,
+    Event,
+    EventBus,
+    JobCancelled,
+    JobFailed,
+    JobFinished,
+    JobSkipped,
+)
+from ssh_scheduler.executors.session import DEFAULT_LEASE
+from ssh_scheduler.executors.transfer import CopyLimits
+from ssh_scheduler.jobs.batch_file import Job
+from ssh_scheduler.jobs.forward import ForwardPolicy
+from ssh_scheduler.planner.allocate import Needs
+from ssh_scheduler.planner.policy import HaltPolicy, Resumable, changed_commands, in_flight
+from ssh_scheduler.results.journal import JobState, batch_token, last_states
+
+__all__ = ["BatchOptions", "BatchSummary", "JobOutcome", "Selection", "select_jobs", "set_aside"]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchOptions:
+    needs: Needs = Needs()
+    gpus_explicit: bool = False  # False: a GPU is wanted only if some host has one
+    copy_forwards: tuple[str, ...] = (".",)
+    copy_backwards: tuple[str, ...] | None = None
+    results_dir: Path = Path("job_results")
+    base_dir: Path = Path(".")
+    dry_run: bool = False
+    accept_new: bool = False
+    probe_interval: float = 15.0
+    max_connecting: int = 8
+    """Hosts connecting at once: below sshd's default ``MaxStartups 10:30:100`` (from 10
+    unauthenticated connections on, sshd starts dropping new ones)."""
+    lease: float = DEFAULT_LEASE
+    keepalive: float | None = None
+    limits: CopyLimits = CopyLimits()
+    retries: int = 0
+    retry_failed: bool = False
+    allow_changed: bool = False
+    timeout: float | None = None
+    halt: HaltPolicy = HaltPolicy()
+    quarantine_after: int = 3
+    forward: ForwardPolicy = ForwardPolicy()
+    """What the copy forward may send (secrets, paths outside, size)."""
+    echo_output: bool = False
+    """Also copy every job's output to this process's stdout/stderr as it arrives."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobOutcome:
+    """One job's end in this run."""
+
+    job: str
+    host: str
+    ended: Ended
+    seconds: float = 0.0
+    bytes_received: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.ended.ok
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.ended.code
+
+    @property
+    def message(self) -> str | None:
+        return self.ended.message
+
+    @property
+    def timed_out(self) -> bool:
+        return self.ended.timed_out
+
+
+@dataclass(slots=True)
+class BatchSummary:
+    outcomes: dict[str, JobOutcome] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+    bytes_uploaded: int = 0
+    files_uploaded: int = 0
+    bytes_downloaded: int = 0
+    cancelled: bool = False
+    halted: bool = False
+    not_run: list[str] = field(default_factory=list)
+    skipped_failed: list[str] = field(default_factory=list)
+    """Skipped because results exist, but the earlier run recorded them as failed."""
+    cancelled_jobs: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def failed(self) -> list[str]:
+        return [name for name, o in self.outcomes.items() if not o.ok]
+
+    @property
+    def exit_code(self) -> int:
+        unfinished = self.failed or self.cancelled or self.not_run or self.cancelled_jobs
+        return 1 if unfinished or self.skipped_failed else 0
+
+    def describe(self) -> str:
+        finished = len(self.outcomes) - len(self.failed)
+        left = f", {len(self.not_run)} not run" if self.not_run else ""
+        return (
+            f"done: {finished} finished, {len(self.failed)} failed, {len(self.skipped)} skipped{left}; "
+            f"sent {self.bytes_uploaded} bytes in {self.files_uploaded} files, "
+            f"received {self.bytes_downloaded} bytes"
+        )
+
+    def __call__(self, event: Event) -> None:
+        """Subscribed to the event stream: collects each job's end."""
+        if isinstance(event, JobFinished):
+            self.outcomes[event.job] = JobOutcome(event.job, event.host, Ended(0), event.seconds, event.bytes_received)
+            self.bytes_downloaded += event.bytes_received
+        elif isinstance(event, JobFailed):
+            ended = Ended(event.code, timed_out=event.timed_out, message=event.message or event.reason)
+            self.outcomes[event.job] = JobOutcome(event.job, event.host, ended, event.seconds, event.bytes_received)
+            self.bytes_downloaded += event.bytes_received
+        elif isinstance(event, JobSkipped):
+            self.skipped.append(event.job)
+            if event.failed:
+                self.skipped_failed.append(event.job)
+        elif isinstance(event, JobCancelled) and event.job not in self.cancelled_jobs:
+            self.cancelled_jobs.append(event.job)
+
+
+def set_aside(results: Path, name: str) -> None:
+    """--retry-failed keeps the failed attempt's results, under .failed/ (never deleted)."""
+    aside = results / ".failed"
+    aside.mkdir(exist_ok=True)
+    n = 1
+    while (aside / f"{name}.{n}").exists():
+        n += 1
+    target = aside / f"{name}.{n}"
+    target.mkdir()
+    os.rename(results / name, target / name)
+    for suffix in (".out", ".err"):
+        if (results / f"{name}{suffix}").exists():
+            os.rename(results / f"{name}{suffix}", target / f"{name}{suffix}")
+
+
+@dataclass(slots=True)
+class Selection:
+    """Which jobs of the batch file run now, and what an earlier run of it left."""
+
+    pending: list[Job]
+    token: str
+    resumable: dict[str, Resumable]
+    already_done: dict[str, bool]
+
+
+def select_jobs(jobs: Sequence[Job], options: BatchOptions, bus: EventBus) -> Selection:
+    """Skip jobs with results, set the batch token, and learn from an earlier run's journal."""
+    results = options.results_dir
+    if results.exists() and not results.is_dir():
+        raise ConfigError(f"{results} is a file, not a folder; remove it or pass another --results-dir")
+    if results.is_dir():
+        for partial in results.glob(".partial-*"):
+            shutil.rmtree(partial, ignore_errors=True)  # a copy cut short by a crash
+    last = last_states(results)
+    token = batch_token(results) or secrets.token_hex(8)
+    # One listing instead of a stat per job (a 100,000-line batch).
+    existing = set(os.listdir(results)) if results.is_dir() else set()
+    pending: list[Job] = []
+    done: dict[str, bool] = {}
+    for job in jobs:
+        if job.name not in existing:
+            pending.append(job)
+            continue
+        failed = last.get(job.name, {}).get("state") == JobState.FAILED
+        if options.retry_failed and failed:
+            set_aside(results, job.name)
+            pending.append(job)
+            continue
+        done[job.name] = not failed
+        bus.publish(JobSkipped(job=job.name, line=job.line_number, failed=failed))
+    changed = changed_commands(pending, last)
+    if changed and not options.allow_changed:
+        raise ConfigError(
+            f"the command of {changed[0]}"
+            + (f" (and {len(changed) - 1} more)" if len(changed) > 1 else "")
+            + f" changed since {results}/.journal.jsonl recorded it; rerun with "
+            f"--allow-changed to run the new commands, or use another --results-dir"
+        )
+    return Selection(pending, token, in_flight(pending, last), done)

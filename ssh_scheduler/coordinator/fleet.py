@@ -1,0 +1,521 @@
+"""``execute_to``: one shell command on every machine at once, like clush and pdsh.
+
+All hosts are contacted concurrently (bounded only by ``max_connections``); each host's fate is
+data (a :class:`HostResult`), never an exception: an unreachable, refused or timed-out host is
+reported by name and the others carry on.
+
+Output, by default, is every line prefixed with its host name as it arrives (line-buffered per
+host and stream; stderr lines go to stderr).  ``gather`` prints each distinct output once under
+the folded set of hosts that produced it (like ``clush -b``); ``json`` prints one JSON object per
+host.  A summary of exit codes per host set ends the run, on stderr.
+
+Without copy-forwards a command runs on one plain SSH channel in the login directory (no agent).
+With copy-forwards the files travel through the content-addressed cache (``transfer``) and the
+command runs through the host's agent in a fresh job directory holding them, removed afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import re
+import secrets
+import shlex
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+from ssh_scheduler.errors import ConfigError, SchedulerError
+from ssh_scheduler.executors.session import DEFAULT_LEASE, HostSession
+from ssh_scheduler.machines.config import Machine
+from ssh_scheduler.machines.hostlist import fold
+from ssh_scheduler.transport import Transport, connect
+
+if TYPE_CHECKING:  # the files path imports them when used: ~35 ms of every plain start
+    from ssh_scheduler.executors.transfer import ForwardSet
+
+LineSink = Callable[[str], None]
+T = TypeVar("T")
+
+DEFAULT_MAX_CONNECTIONS = 64
+TIMEOUT_EXIT = 124
+UNREACHABLE_EXIT = 255
+MAX_LINE = 64 * 1024  # a longer run of bytes without a newline is shown as a line of its own
+SEPARATOR = "-" * 15
+
+
+@dataclass(frozen=True, slots=True)
+class FleetOptions:
+    timeout: float | None = None
+    """Seconds the command may run on each host (connecting not included); then it is killed
+    and the host reports exit code 124."""
+    connect_timeout: float | None = None
+    """Overrides every machine's ``connect_timeout``."""
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    """Hosts being connected to or running the command at once."""
+    accept_new: bool = False
+    gather: bool = False
+    json: bool = False
+    copy_forwards: tuple[str, ...] = ()
+    base_dir: Path = Path(".")
+    """What relative copy-forward paths are relative to."""
+    lease: float = DEFAULT_LEASE
+
+
+@dataclass(frozen=True, slots=True)
+class HostResult:
+    host: str
+    exit_code: int | None
+    """The command's exit status (128+n for signal n, 124 when timed out); None when the host
+    could not be reached or was lost before the command's end was seen."""
+    stdout: bytes
+    stderr: bytes
+    seconds: float
+    error: str | None = None
+    timed_out: bool = False
+    reached: bool = True
+    """False when connecting failed (unreachable, host key, authentication)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FleetResult:
+    results: tuple[HostResult, ...]
+    """One per machine, in the order the machines were given."""
+    seconds: float
+
+    @property
+    def exit_status(self) -> int:
+        return fleet_exit_status(self.results)
+
+
+# --- pure helpers ----------------------------------------------------------------------------
+
+
+def fleet_exit_status(results: Sequence[HostResult]) -> int:
+    """0 when every host ran the command with exit 0; 255 when any host could not be reached
+    (or was lost); otherwise the largest exit code."""
+    if any(r.exit_code is None for r in results):
+        return UNREACHABLE_EXIT
+    return max((r.exit_code for r in results if r.exit_code is not None), default=0)
+
+
+def _natural_key(text: str) -> tuple[tuple[int, int, str], ...]:
+    return tuple(
+        (0, int(chunk), chunk) if chunk.isdigit() else (1, 0, chunk)
+        for chunk in re.split(r"(\d+)", text)
+        if chunk
+    )
+
+
+def _groups(results: Sequence[HostResult], stream: str) -> list[tuple[list[str], bytes]]:
+    by_output: dict[bytes, list[str]] = {}
+    for r in results:
+        data: bytes = getattr(r, stream)
+        if data:
+            by_output.setdefault(data, []).append(r.host)
+    groups = [(sorted(hosts, key=_natural_key), data) for data, hosts in by_output.items()]
+    groups.sort(key=lambda g: (_natural_key(g[0][0]), g[0][0]))
+    return groups
+
+
+def gather_outputs(results: Sequence[HostResult], stream: str = "stdout") -> list[tuple[str, bytes]]:
+    """Each distinct non-empty output once, with the folded set of hosts that produced it,
+    ordered by the first host of each set.  ``stream`` is ``"stdout"`` or ``"stderr"``."""
+    return [(fold(hosts), data) for hosts, data in _groups(results, stream)]
+
+
+def gather_blocks(results: Sequence[HostResult], stream: str = "stdout") -> list[str]:
+    """The lines ``-b`` prints: per distinct output a header with the folded host set and its
+    size between separator lines, then the output."""
+    lines: list[str] = []
+    for hosts, data in _groups(results, stream):
+        header = f"{fold(hosts)} ({len(hosts)})"
+        rule = "-" * max(len(SEPARATOR), len(header))
+        lines += [rule, header, rule]
+        text = _decode(data)
+        lines += text[:-1].split("\n") if text.endswith("\n") else text.split("\n")
+    return lines
+
+
+_DESCRIBED = re.compile(r"^(?P<name>.+?) \([^()]*\): ")
+
+
+def _reason(r: HostResult) -> str:
+    """The error without the leading ``host (user@addr:port): `` the transport puts first."""
+    error = r.error or "unknown error"
+    m = _DESCRIBED.match(error)
+    if m and m.group("name") == r.host:
+        return error[m.end():]
+    return error
+
+
+def summarize_exit_codes(results: Sequence[HostResult]) -> list[str]:
+    """One line per outcome: ``exit 0: h[1-6]``, ``exit 3: h7``, ``timed out: h9 (exit 124,
+    ...)``, ``unreachable: h8 (reason)``, ``failed: h10 (reason)`` (lost after connecting)."""
+    codes: dict[int, list[str]] = {}
+    timed_out: dict[str, list[str]] = {}
+    broken: dict[tuple[str, str], list[str]] = {}
+    for r in results:
+        if r.timed_out:
+            timed_out.setdefault(r.error or "", []).append(r.host)
+        elif r.exit_code is not None:
+            codes.setdefault(r.exit_code, []).append(r.host)
+        else:
+            label = "unreachable" if not r.reached else "failed"
+            broken.setdefault((label, _reason(r)), []).append(r.host)
+    lines = [f"exit {code}: {fold(hosts)}" for code, hosts in sorted(codes.items())]
+    for why, hosts in timed_out.items():
+        detail = f"exit {TIMEOUT_EXIT}, {why}" if why else f"exit {TIMEOUT_EXIT}"
+        lines.append(f"timed out: {fold(hosts)} ({detail})")
+    ordered = sorted(broken.items(), key=lambda kv: (kv[0][0], _natural_key(kv[1][0]), kv[1][0]))
+    for (label, why), hosts in ordered:
+        lines.append(f"{label}: {fold(hosts)} ({why})")
+    return lines
+
+
+def _decode(data: bytes) -> str:
+    return data.decode("utf-8", "surrogateescape")
+
+
+def json_line(r: HostResult) -> str:
+    """One host as one JSON object on one line (outputs decoded as UTF-8, bad bytes replaced)."""
+    return json.dumps(
+        {
+            "host": r.host,
+            "exit_code": r.exit_code,
+            "stdout": r.stdout.decode("utf-8", "replace"),
+            "stderr": r.stderr.decode("utf-8", "replace"),
+            "seconds": round(r.seconds, 3),
+            "error": r.error,
+            "timed_out": r.timed_out,
+        },
+        ensure_ascii=False,
+    )
+
+
+# --- output ----------------------------------------------------------------------------------
+
+
+def _discard(line: str) -> None:
+    """No printer given: the library prints nothing itself (results are in the FleetResult)."""
+
+
+class _LineSplitter:
+    """Feeds complete lines (and, at the end, the unfinished rest) to ``emit``."""
+
+    def __init__(self, emit: Callable[[bytes], None]) -> None:
+        self.emit = emit
+        self.pending = bytearray()
+
+    def feed(self, data: bytes) -> None:
+        self.pending += data
+        while True:
+            cut = self.pending.find(b"\n")
+            if cut < 0:
+                if len(self.pending) >= MAX_LINE:
+                    self.emit(bytes(self.pending))
+                    self.pending.clear()
+                return
+            self.emit(bytes(self.pending[:cut]))
+            del self.pending[: cut + 1]
+
+    def flush(self) -> None:
+        if self.pending:
+            self.emit(bytes(self.pending))
+            self.pending.clear()
+
+
+class _Capture:
+    """One host's output: kept whole, and streamed as prefixed lines when asked."""
+
+    def __init__(self, host: str, out: LineSink | None, err: LineSink | None) -> None:
+        self.stdout = bytearray()
+        self.stderr = bytearray()
+        self._splitters: list[_LineSplitter] = []
+        self._out = self._err = None
+        if out is not None:
+            self._out = self._prefixed(host, out)
+        if err is not None:
+            self._err = self._prefixed(host, err)
+
+    def _prefixed(self, host: str, sink: LineSink) -> _LineSplitter:
+        splitter = _LineSplitter(lambda line: sink(f"{host}: {_decode(line)}"))
+        self._splitters.append(splitter)
+        return splitter
+
+    def on_stdout(self, data: bytes) -> None:
+        self.stdout += data
+        if self._out is not None:
+            self._out.feed(data)
+
+    def on_stderr(self, data: bytes) -> None:
+        self.stderr += data
+        if self._err is not None:
+            self._err.feed(data)
+
+    # The per-job pipeline's output interface (jobrun.Output).
+    offsets = (0, 0)
+
+    def write(self, fd: int, data: bytes) -> None:
+        self.on_output(fd, data)
+
+    def on_output(self, fd: int, data: bytes) -> None:
+        (self.on_stderr if fd == 2 else self.on_stdout)(data)
+
+    def flush(self) -> None:
+        for splitter in self._splitters:
+            splitter.flush()
+
+
+# --- running ---------------------------------------------------------------------------------
+
+# sshd leaves a command running when its channel closes (no pty: no SIGHUP), so closing the
+# channel on timeout or Ctrl-C would not stop it.  This wrapper runs the command in a session of
+# its own, and kills that whole session (TERM, then KILL after KILL_GRACE s) when its stdin, the
+# channel, reaches end of file: the channel closed or the connection dropped.  transport.exec
+# never sends EOF on stdin, and the command itself gets /dev/null as stdin (so it cannot hang
+# waiting for input).  A host without python3 runs the command plainly.
+# The command runs as execute_batch's jobs do (agent.py): ``bash --norc -c``, /bin/sh only where
+# bash is missing, whatever the login shell (tcsh, fish, dash as sh) -- the login shell only
+# parses the one POSIX line below, through ``exec /bin/sh -c``, and reads ~/.bashrc once.
+KILL_GRACE = 2.0
+_WATCHDOG = """\
+import os,signal,sys,_thread,time
+sh=['/bin/bash','--norc'] if os.path.exists('/bin/bash') else ['/bin/sh']
+g=float(sys.argv[2]);done=_thread.allocate_lock();done.acquire();gone=[]
+d=[s for s in (signal.SIGPIPE,getattr(signal,'SIGXFSZ',None)) if s]
+try:p=os.posix_spawn(sh[0],sh+['-c',sys.argv[1]],os.environ,file_actions=[(os.POSIX_SPAWN_OPEN,0,os.devnull,os.O_RDONLY,0)],setsid=True,setsigdef=d)
+except (AttributeError,TypeError,NotImplementedError):
+ import subprocess;p=subprocess.Popen(sh+['-c',sys.argv[1]],stdin=subprocess.DEVNULL,start_new_session=True).pid
+def watch():
+    try:
+        while os.read(0,65536):pass
+    except OSError:pass
+    gone.append(1)
+    try:
+        os.killpg(p,signal.SIGTERM)
+        end=time.monotonic()+g
+        while time.monotonic()<end:
+            time.sleep(0.05);os.killpg(p,0)
+        os.killpg(p,signal.SIGKILL)
+    except OSError:pass
+    done.release()
+_thread.start_new_thread(watch,())
+s=os.waitpid(p,0)[1]
+if gone:done.acquire(True,g+1)
+sys.exit(128+os.WTERMSIG(s) if os.WIFSIGNALED(s) else os.WEXITSTATUS(s))
+"""
+
+
+def killable(command: str, grace: float = KILL_GRACE) -> str:
+    """The remote command line that runs ``command`` under the watchdog above."""
+    quoted = shlex.quote(command)
+    # The watchdog as one line (a string literal with \\n), so no login shell sees a newline.
+    watchdog = shlex.quote(f"exec({_WATCHDOG!r})")
+    posix = (
+        f"command -v python3 >/dev/null 2>&1 && exec python3 -IS -c {watchdog} {quoted} {grace:g}; "
+        f"[ -x /bin/bash ] && exec /bin/bash --norc -c {quoted}; exec /bin/sh -c {quoted}"
+    )
+    return f"exec /bin/sh -c {shlex.quote(posix)}"
+
+
+@dataclass(slots=True)
+class _Outcome:
+    exit_code: int | None = None
+    error: str | None = None
+    timed_out: bool = False
+    reached: bool = False
+
+
+async def execute_to(
+    machines: Sequence[Machine],
+    command: str,
+    options: FleetOptions = FleetOptions(),
+    *,
+    out: LineSink | None = None,
+    err: LineSink | None = None,
+) -> FleetResult:
+    """Run ``command`` on every machine at once; print as ``options`` says to ``out``/``err``
+    (default: nowhere); return every host's result.
+
+    Only a problem that concerns the whole run raises (bad options, a copy-forward path that
+    does not exist); each host's own failure is in its :class:`HostResult`.
+    """
+    out = out or _discard
+    err = err or _discard
+    if options.max_connections < 1:
+        raise ConfigError("--max-connections must be at least 1")
+    if options.timeout is not None and options.timeout <= 0:
+        raise ConfigError("--timeout must be more than 0 seconds")
+    if options.connect_timeout is not None and options.connect_timeout <= 0:
+        raise ConfigError("--connect-timeout must be more than 0 seconds")
+    if options.connect_timeout is not None:
+        machines = [dataclasses.replace(m, connect_timeout=options.connect_timeout) for m in machines]
+    forward: ForwardSet | None = None
+    if options.copy_forwards:
+        from ssh_scheduler.executors.transfer import Hasher, collect_forward
+
+        forward = await asyncio.to_thread(
+            collect_forward, options.copy_forwards, options.base_dir, Hasher()
+        )
+    streaming = not (options.gather or options.json)
+    limit = asyncio.Semaphore(options.max_connections)
+    start = time.monotonic()
+
+    async def one(machine: Machine) -> HostResult:
+        async with limit:
+            began = time.monotonic()
+            capture = _Capture(machine.name, out if streaming else None, err if streaming else None)
+            outcome = await _run_host(machine, command, options, forward, capture)
+            capture.flush()
+        result = HostResult(
+            host=machine.name,
+            exit_code=outcome.exit_code,
+            stdout=bytes(capture.stdout),
+            stderr=bytes(capture.stderr),
+            seconds=time.monotonic() - began,
+            error=outcome.error,
+            timed_out=outcome.timed_out,
+            reached=outcome.reached,
+        )
+        if options.json:
+            out(json_line(result))
+        return result
+
+    async with asyncio.TaskGroup() as group:
+        tasks = [group.create_task(one(m), name=f"execute_to {m.name}") for m in machines]
+    results = tuple(task.result() for task in tasks)
+
+    if options.gather:
+        for line in gather_blocks(results, "stdout"):
+            out(line)
+        for line in gather_blocks(results, "stderr"):
+            err(line)
+    for line in summarize_exit_codes(results):
+        err(line)
+    return FleetResult(results, time.monotonic() - start)
+
+
+async def _run_host(
+    machine: Machine,
+    command: str,
+    options: FleetOptions,
+    forward: ForwardSet | None,
+    capture: _Capture,
+) -> _Outcome:
+    outcome = _Outcome()
+    transport: Transport | None = None
+    try:
+        transport = await connect(machine, accept_new=options.accept_new)
+        outcome.reached = True
+        if forward is None:
+            remote = command if machine.is_local else killable(command)
+            run = transport.exec(remote, capture.on_stdout, capture.on_stderr)
+            outcome.exit_code = (await _bounded(run, options.timeout)).exit_code
+        else:
+            outcome.exit_code = await _run_with_files(transport, command, options, forward, capture)
+    except _TimedOut:
+        outcome.exit_code = TIMEOUT_EXIT
+        outcome.timed_out = True
+        outcome.error = f"killed after {options.timeout:g} s"
+    except (_HostLost, SchedulerError) as exc:
+        outcome.exit_code = None
+        outcome.error = str(exc)
+    except Exception as exc:  # a host never stops the others, whatever went wrong there
+        outcome.exit_code = None
+        outcome.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        if transport is not None:
+            await transport.close()
+    return outcome
+
+
+class _TimedOut(Exception):
+    pass
+
+
+async def _bounded(awaitable: Awaitable[T], seconds: float | None) -> T:
+    """``await awaitable``, cancelled after ``seconds`` (raising :class:`_TimedOut`)."""
+    deadline = asyncio.timeout(seconds)
+    try:
+        async with deadline:
+            return await awaitable
+    except TimeoutError:
+        if deadline.expired():
+            raise _TimedOut from None
+        raise
+
+
+class _HostLost(Exception):
+    pass
+
+
+async def _run_with_files(
+    transport: Transport,
+    command: str,
+    options: FleetOptions,
+    forward: ForwardSet,
+    capture: _Capture,
+) -> int:
+    """Send the files into a fresh job directory and run the command there, through the same
+    per-job pipeline as a batch job (its folder is removed afterwards, also when cancelled)."""
+    from ssh_scheduler.coordinator.jobrun import JobRun, JobSpec, job_environment
+    from ssh_scheduler.executors.host import AgentExecutor
+
+    async with HostSession(transport, lease=options.lease) as session:
+        executor = AgentExecutor(transport, session)
+        name = f"execute_to.{secrets.token_hex(4)}"
+        spec = JobSpec(
+            name, command, executor.jobdir("fleet", name), job_environment(name, None), forward,
+            Path("."), copy_backwards=(), timeout=options.timeout,
+        )
+        run = JobRun(executor, spec, capture)
+        ended = await run.run()
+        if session.lost is None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(run.discard(), 30)
+    if ended.timed_out:
+        raise _TimedOut
+    if ended.host_lost or ended.code is None:
+        raise _HostLost(ended.message or "connection lost while the command ran")
+    return ended.code
+
+
+# --- command line ----------------------------------------------------------------------------
+
+_SWALLOWING = {
+    "--machines": "machines",
+    "--exclude-hosts": "exclude",
+    "-x": "exclude",
+    "--copy-forwards": "copy_forwards",
+}
+
+
+def take_trailing_command(
+    machines: list[str], exclude: list[str], copy_forwards: list[str], argv: Sequence[str]
+) -> str | None:
+    """``execute_to --machines a b 'cmd'``: the multi-value flags swallow the command as their
+    last value (cli.expand_multi_value).  Take it back from the list of the flag written last in
+    ``argv`` (removing it there); when ``argv`` does not tell, from the only candidate list.
+    Returns None when no list can have it."""
+    lists = {"machines": machines, "exclude": exclude, "copy_forwards": copy_forwards}
+
+    def usable(key: str) -> bool:
+        return len(lists[key]) >= (2 if key == "machines" else 1)
+
+    owner: str | None = None
+    for token in argv:
+        if token == "--":
+            break
+        if token in _SWALLOWING:
+            owner = _SWALLOWING[token]
+    if owner is None or not usable(owner):
+        candidates = [key for key in lists if usable(key)]
+        owner = candidates[0] if len(candidates) == 1 else None
+    if owner is None:
+        return None
+    return lists[owner].pop()

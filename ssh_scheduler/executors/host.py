@@ -1,0 +1,244 @@
+"""Where jobs run: one interface, one module per kind of backend.
+
+An :class:`Executor` is one place jobs can run (today: a host reached over SSH, or this machine,
+both driven through our stdlib agent).  The coordinator and the per-job pipeline speak only to
+this interface: open it, probe it, stage inputs and run a job there, bring results back, close
+it.  A new backend (Slurm through a login node, say) is one more class with these methods.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from ssh_scheduler.errors import ConfigError, ProbeError, TransportError
+from ssh_scheduler.executors.session import DEFAULT_LEASE, HostSession, JobExit
+from ssh_scheduler.executors.transfer import (
+    CopyBackReport,
+    CopyLimits,
+    ForwardSet,
+    HostCache,
+    fetch_back,
+    prepare_forward,
+)
+from ssh_scheduler.machines.config import Machine
+from ssh_scheduler.machines.probe import PROBE_COMMAND, HostState, parse_probe_output
+from ssh_scheduler.planner.allocate import OwnUsage
+from ssh_scheduler.transport import Transport, connect, describe
+
+__all__ = ["AgentExecutor", "Executor", "open_executor"]
+
+OutputSink = Callable[[int, bytes], None]
+
+
+class Executor(Protocol):
+    """One place to run jobs.  Every method reports expected failures as data where it can
+    (a lost host ends a run with ``JobExit(host_lost=True)``) and raises
+    :class:`~ssh_scheduler.errors.TransportError` otherwise."""
+
+    machine: Machine
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def lost(self) -> str | None:
+        """Why the link to it is gone, or None while it is up."""
+
+    @property
+    def agent_jobs(self) -> dict[str, dict[str, Any]]:
+        """Jobs an earlier coordinator left there: job -> {"running": bool, ...}."""
+
+    @property
+    def bytes_sent(self) -> int: ...
+
+    @property
+    def files_sent(self) -> int: ...
+
+    def jobdir(self, token: str, job: str) -> str:
+        """The job's private folder there."""
+
+    async def probe(self) -> tuple[HostState, dict[str, OwnUsage]]: ...
+
+    async def stage(self, forward: ForwardSet) -> tuple[list[tuple[str, str]], list[str]]:
+        """Make sure the inputs are there; returns what the run request links into the job's
+        folder."""
+
+    async def run(
+        self,
+        job: str,
+        command: str,
+        *,
+        jobdir: str,
+        env: dict[str, str],
+        on_output: OutputSink,
+        stage: tuple[list[tuple[str, str]], list[str]] | None,
+        results: list[str] | None,
+        keep_output: bool = True,
+        max_output: int | None = None,
+    ) -> JobExit: ...
+
+    async def resume(self, job: str, offsets: tuple[int, int], on_output: OutputSink) -> JobExit: ...
+
+    async def kill(self, job: str) -> None: ...
+
+    async def fetch(
+        self, job: str, jobdir: str, dest: Any, paths: tuple[str, ...] | None, limits: CopyLimits, entries: object
+    ) -> CopyBackReport: ...
+
+    async def remove(self, jobdir: str, job: str | None = None, *, wait: bool = True) -> None: ...
+
+    async def sweep(self, prefix: str) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class AgentExecutor:
+    """A host (over SSH, or this machine through :class:`~ssh_scheduler.transport.LocalTransport`)
+    driven by our agent over one channel."""
+
+    def __init__(self, transport: Transport, session: HostSession) -> None:
+        self.machine = transport.machine
+        self.transport = transport
+        self.session = session
+        self.cache = HostCache(session)
+
+    @property
+    def name(self) -> str:
+        return self.machine.name
+
+    @property
+    def lost(self) -> str | None:
+        return self.session.lost
+
+    @property
+    def agent_jobs(self) -> dict[str, dict[str, Any]]:
+        return self.session.agent_jobs
+
+    @property
+    def bytes_sent(self) -> int:
+        return self.cache.bytes_uploaded
+
+    @property
+    def files_sent(self) -> int:
+        return self.cache.files_uploaded
+
+    def jobdir(self, token: str, job: str) -> str:
+        return f"{self.session.root}/jobs/{token}-{job}"
+
+    async def probe(self) -> tuple[HostState, dict[str, OwnUsage]]:
+        text, _rc, own = await self.session.probe(PROBE_COMMAND)
+        state = parse_probe_output(text)
+        usage = {
+            name: OwnUsage(pids=frozenset(int(p) for p in u.get("pids", ())), rss_mb=int(u.get("rss_mb", 0)))
+            for name, u in own.items()
+        }
+        return state, usage
+
+    async def stage(self, forward: ForwardSet) -> tuple[list[tuple[str, str]], list[str]]:
+        return await prepare_forward(self.cache, forward)
+
+    async def run(
+        self,
+        job: str,
+        command: str,
+        *,
+        jobdir: str,
+        env: dict[str, str],
+        on_output: OutputSink,
+        stage: tuple[list[tuple[str, str]], list[str]] | None,
+        results: list[str] | None,
+        keep_output: bool = True,
+        max_output: int | None = None,
+    ) -> JobExit:
+        return await self.session.run(
+            job,
+            command,
+            cwd=jobdir,
+            env=env,
+            # Output is also kept on the host, so a coordinator that reattaches catches up.
+            out_path=f"{jobdir}.out" if keep_output else None,
+            err_path=f"{jobdir}.err" if keep_output else None,
+            on_output=on_output,
+            stage=stage,
+            results=results,
+            max_output=max_output,
+        )
+
+    async def resume(self, job: str, offsets: tuple[int, int], on_output: OutputSink) -> JobExit:
+        return await self.session.resume(job, offsets, on_output)
+
+    async def kill(self, job: str) -> None:
+        await self.session.kill(job)
+
+    async def fetch(
+        self, job: str, jobdir: str, dest: Any, paths: tuple[str, ...] | None, limits: CopyLimits, entries: object
+    ) -> CopyBackReport:
+        return await fetch_back(self.session, jobdir, dest, paths=paths, limits=limits, entries=entries)
+
+    async def remove(self, jobdir: str, job: str | None = None, *, wait: bool = True) -> None:
+        if wait:
+            await self.session.remove(jobdir, job)
+        else:
+            await self.session.remove_soon(jobdir, job)
+
+    async def sweep(self, prefix: str) -> None:
+        await self.session.sweep(prefix)
+
+    async def close(self) -> None:
+        try:
+            await self.session.close()
+        finally:
+            await self.transport.close()
+
+
+async def open_executor(
+    machine: Machine,
+    *,
+    accept_new: bool = False,
+    keepalive: float | None = None,
+    lease: float = DEFAULT_LEASE,
+    token: str = "",
+    probe_first: bool = False,
+    on_hello_sent: Callable[[], None] | None = None,
+) -> AgentExecutor:
+    """Connect, start the agent and open the file channel; raises TransportError (HostKeyError,
+    AuthenticationError, AgentStartError...), or ConfigError for a machine we cannot work on.
+    ``probe_first``: the agent starts the probe with its hello, so the first :meth:`probe` only
+    waits for the answer (for callers that probe at once; others would waste the host's CPU).
+    ``on_hello_sent``: called once the agent was started and its hello sent."""
+    if machine.max_sessions < 2:  # refused before connecting: it could never work
+        raise ConfigError(
+            f"{machine.name}: max_sessions is {machine.max_sessions}, but a batch needs 2 ssh "
+            "sessions per host (its agent and file transfers); fix: set MaxSessions 2 or more in "
+            "the host's sshd_config and max_sessions: 2 or more in the machine YAML"
+        )
+    transport = await connect(machine, accept_new=accept_new, keepalive=keepalive)
+    session = HostSession(
+        transport, lease=lease, token=token, first_probe=PROBE_COMMAND if probe_first else None,
+        on_hello_sent=on_hello_sent,
+    )
+    try:
+        await session.__aenter__()
+        await transport.open_file_channel()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await session.close()
+        with contextlib.suppress(Exception):
+            await transport.close()
+        raise
+    return AgentExecutor(transport, session)
+
+
+async def probe_only(machine: Machine, *, accept_new: bool = False, keepalive: float | None = None) -> HostState:
+    """One probe without an agent (a dry run needs a plan, not a session)."""
+    transport = await connect(machine, accept_new=accept_new, keepalive=keepalive)
+    try:
+        text = (await transport.exec(PROBE_COMMAND)).stdout.decode(errors="replace")
+    finally:
+        await transport.close()
+    try:
+        return parse_probe_output(text)
+    except ProbeError as exc:
+        raise TransportError(f"{describe(machine)}: probe failed: {exc}") from None

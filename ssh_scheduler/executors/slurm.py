@@ -1,0 +1,376 @@
+"""A Slurm cluster as a place to run jobs: its login node, reached over SSH through our agent.
+
+Inputs go once into the cluster's shared filesystem through the login node (the agent's
+content-addressed cache, as on any host); each job is one ``sbatch`` whose batch script runs
+the command in the job's folder, Slurm writes its output next to that folder, and we stream it
+home while the job runs, then bring its results back as from any host.  Slurm picks the nodes and
+sets ``CUDA_VISIBLE_DEVICES``; the planner sees the machine as a queue of ``max_queued`` slots.
+
+Slurm tells a client nothing by itself (no event stream to a submitter: ``strigger`` is for
+administrators and fires programs on the controller), so following jobs needs polling.  It is
+bounded: ONE query per interval for the whole machine (``slurm.poll_command``: squeue for every
+job of ours, scontrol for those that just ended, and the new output of every running job), never
+one per job, and none at all while nothing of ours is in Slurm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os.path
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ssh_scheduler.errors import ConnectionLostError, TransportError
+from ssh_scheduler.executors.host import AgentExecutor, OutputSink, open_executor
+from ssh_scheduler.executors.session import JobExit
+from ssh_scheduler.executors.slurm_array import ARRAY_MARK, parse_array_script
+from ssh_scheduler.executors.slurm_submit import Submitter
+from ssh_scheduler.jobs.needs import Needs
+from ssh_scheduler.machines import slurm as S
+from ssh_scheduler.machines.config import Machine
+from ssh_scheduler.machines.probe import HostState
+from ssh_scheduler.planner.allocate import OwnUsage
+
+__all__ = ["SlurmExecutor", "open_slurm_executor"]
+
+log = logging.getLogger(__name__)
+
+QUERY_FAILURES_TOLERATED = 5
+"""Status queries in a row that may fail (slurmctld restarting, a timeout) before the jobs are
+given up as lost."""
+
+
+@dataclass(slots=True)
+class _Tracked:
+    """One job of ours in Slurm."""
+
+    name: str
+    slurm_id: str
+    jobdir: str
+    on_output: OutputSink
+    offsets: list[int]
+    done: asyncio.Future[JobExit]
+    ended: S.JobStatus | None = None
+    state: str = "PENDING"
+    missing: int = 0  # queries in a row that did not show it
+    room: int | None = None  # bytes of output still accepted (--max-output-bytes)
+
+
+class SlurmExecutor(AgentExecutor):
+    """Jobs through ``sbatch`` on a login node (see the module docstring)."""
+
+    def __init__(self, inner: AgentExecutor, settings: S.SlurmSettings, token: str) -> None:
+        # The login node is a host like any other (its agent stages inputs and fetches results);
+        # this class takes over running, following and ending the jobs it hands to Slurm.
+        super().__init__(inner.transport, inner.session)
+        self.cache = inner.cache
+        self.settings = settings
+        self.token = token
+        self.submitted: dict[str, str] = {}  # job -> Slurm job id, of this batch
+        self.found: dict[str, tuple[str, S.JobStatus]] = {}  # left by an earlier coordinator
+        self._tracked: dict[str, _Tracked] = {}
+        self._poller: asyncio.Task[None] | None = None
+        self._failures = 0
+        self._answered = False  # squeue ran once on the login node
+        self._submitter = Submitter(self.name, settings, token, self._command, self._scancel)
+        self.needs: dict[str, Needs] = {}
+        self.timeouts: dict[str, float | None] = {}
+        self.on_running: dict[str, Callable[[], None]] = {}
+        """Called once when Slurm first runs the job (or it ended unseen between two queries)."""
+
+    # -- what differs from a plain host (the rest is AgentExecutor's: staging, fetching...) ----
+
+    @property
+    def agent_jobs(self) -> dict[str, dict[str, Any]]:
+        """Jobs of this batch an earlier coordinator submitted and Slurm still knows."""
+        return {job: {"running": not status.done} for job, (_id, status) in self.found.items()}
+
+    # -- probing: the queue, not the cluster's resources -----------------------------------
+
+    async def probe(self) -> tuple[HostState, dict[str, OwnUsage]]:
+        """The queue (:func:`slurm.queue_state`), once squeue answers on the login node.  It
+        does not change, so only the first probe asks (re-probes follow every job's end)."""
+        if not self._answered:
+            text, rc, _own = await self.session.probe(self._sh("squeue --version 2>&1"))
+            if rc != 0:
+                raise TransportError(
+                    f"{self.name}: squeue does not run on the login node: {text.strip()[-200:]}"
+                )
+            self._answered = True
+        state = S.queue_state(self.settings)
+        return state, {}
+
+    def _sh(self, command: str) -> str:
+        prefix = self.settings.command_prefix
+        return f"{prefix}\n{command}" if prefix else command
+
+    # -- running -------------------------------------------------------------------------------
+
+    async def run(
+        self,
+        job: str,
+        command: str,
+        *,
+        jobdir: str,
+        env: dict[str, str],
+        on_output: OutputSink,
+        stage: tuple[list[tuple[str, str]], list[str]] | None,
+        results: list[str] | None,
+        keep_output: bool = True,
+        max_output: int | None = None,
+    ) -> JobExit:
+        """Submit the job and follow it to its end.  Cancelling this scancels it."""
+        try:
+            needs = self.needs.get(job, Needs())
+            session = self.session
+            try:
+                await session.stage(jobdir, *(stage or ([], [])))
+            except ConnectionLostError as exc:
+                return JobExit(None, host_lost=True, message=str(exc))
+            argv = S.sbatch_argv(
+                self.settings,
+                name=S.job_name(self.token, job),
+                jobdir=jobdir,
+                needs=needs,
+                timeout=self.timeouts.get(job),
+            )
+            script = S.batch_script(command, env, gpus=needs.gpus)
+            slurm_id, said, lost = await self._submitter.submit(job, jobdir, argv, script)
+            if lost:
+                return JobExit(None, host_lost=True, message=said)
+            if slurm_id is None:
+                said = " ".join(said.split())[-400:]
+                on_output(2, f"ssh_scheduler: sbatch refused it: {said}\n".encode())
+                self.on_running.pop(job, lambda: None)()
+                return JobExit(1, message=f"sbatch refused it: {said}")
+            self.submitted[job] = slurm_id
+            log.info("submitted: %s is Slurm job %s on %s", job, slurm_id, self.name)
+            return await self._follow(job, slurm_id, jobdir, on_output, (0, 0), max_output)
+        finally:  # a job that never started (lost, refused) has nothing to announce later
+            self.on_running.pop(job, None)
+
+    async def resume(self, job: str, offsets: tuple[int, int], on_output: OutputSink) -> JobExit:
+        """Follow a job an earlier coordinator submitted (found in squeue by its name)."""
+        slurm_id, _status = self.found.pop(job)
+        self.submitted[job] = slurm_id
+        return await self._follow(job, slurm_id, self.jobdir(self.token, job), on_output, offsets)
+
+    async def _follow(
+        self,
+        job: str,
+        slurm_id: str,
+        jobdir: str,
+        on_output: OutputSink,
+        offsets: tuple[int, int],
+        max_output: int | None = None,
+    ) -> JobExit:
+        loop = asyncio.get_running_loop()
+        tracked = _Tracked(
+            job, slurm_id, jobdir, on_output, list(offsets), loop.create_future(), room=max_output
+        )
+        self._tracked[job] = tracked
+        self._start_poller()
+        try:
+            return await asyncio.shield(tracked.done)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._scancel([slurm_id]))
+            raise
+        finally:
+            self._tracked.pop(job, None)
+            self.on_running.pop(job, None)
+
+    async def kill(self, job: str) -> None:
+        slurm_id = self.submitted.get(job)
+        if slurm_id is not None:
+            await self._scancel([slurm_id])
+
+    async def _command(self, command: str) -> tuple[str, int]:
+        out, rc, _ = await self.session.probe(command, timeout=120)
+        return out, rc
+
+    async def _scancel(self, ids: list[str]) -> None:
+        out, rc, _ = await self.session.probe(
+            S.scancel_command(self.settings, ids), timeout=60
+        )
+        if rc != 0:
+            log.warning("%s: scancel %s: %s", self.name, " ".join(ids), out.strip())
+
+    async def remove(self, jobdir: str, job: str | None = None, *, wait: bool = True) -> None:
+        if job is not None and job in self.found:  # a leftover of an earlier run: stop it too
+            slurm_id, status = self.found.pop(job)
+            if not status.done:
+                await self._scancel([slurm_id])
+        await super().remove(jobdir, job, wait=wait)
+
+    async def close(self) -> None:
+        """Leave nothing of this batch queued or running in Slurm (a cancelled batch, or an
+        sbatch whose answer a cancel cut off), then close the agent.  A coordinator that is
+        SIGKILLed never gets here: its jobs stay in Slurm for its rerun to reattach to."""
+        try:
+            await self._submitter.close()
+            if self._poller is not None:
+                self._poller.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._poller
+            if self.lost is None:
+                with contextlib.suppress(TransportError, TimeoutError):
+                    left = [
+                        job_id
+                        for job_id, status in (await self._ours()).values()
+                        if not status.done
+                    ]
+                    if left:
+                        log.info("%s: cancelling Slurm jobs %s", self.name, " ".join(left))
+                        await self._scancel(left)
+        finally:
+            await super().close()
+
+    # -- following: one query per interval for every job ---------------------------------------
+
+    async def find_earlier(self) -> None:
+        """What this batch's token already has in Slurm (a rerun after a killed coordinator)."""
+        self.found = await self._ours()
+
+    async def _ours(self) -> dict[str, tuple[str, S.JobStatus]]:
+        """This batch's jobs that Slurm knows: job -> (Slurm id, status).  An array task is
+        named by its array's dispatch script (task -> job folder); one whose script is gone
+        (swept) is listed under its Slurm id."""
+        reply = await self._query([], {})
+        prefix = S.job_name(self.token, "")
+        folders: dict[str, list[str]] = {}  # array name -> job folders by task
+        found: dict[str, tuple[str, S.JobStatus]] = {}
+        for entry in reply.queue.values():
+            if not entry.name.startswith(prefix):
+                continue
+            status = S.status_of(entry.state, None, entry.reason)
+            job = entry.name[len(prefix) :]
+            if job.startswith(ARRAY_MARK):
+                if job not in folders:
+                    folders[job] = await self._array_folders(job)
+                task = entry.job_id.rpartition("_")[2]
+                tasks = folders[job]
+                folder = tasks[int(task)] if task.isdigit() and int(task) < len(tasks) else ""
+                job = (
+                    os.path.basename(folder)[len(self.token) + 1 :]
+                    if folder
+                    else f"{ARRAY_MARK}{entry.job_id}"
+                )
+            found[job] = (entry.job_id, status)
+        return found
+
+    async def _array_folders(self, array: str) -> list[str]:
+        path = self.jobdir(self.token, array) + ".array"
+        with contextlib.suppress(TransportError):
+            text, rc, _ = await self.session.probe(f"cat {shlex.quote(path)} 2>/dev/null")
+            if rc == 0:
+                return parse_array_script(text)
+        return []
+
+    async def _query(self, ids: list[str], outputs: dict[str, tuple[str, int, int]]) -> S.PollReply:
+        command = S.poll_command(self.settings, ids, outputs)
+        out, _rc, _ = await self.session.probe(command, timeout=120)
+        try:
+            return S.parse_poll_reply(out)
+        except (ValueError, KeyError) as exc:
+            raise TransportError(f"{self.name}: the Slurm status query failed: {exc}") from None
+
+    def _start_poller(self) -> None:
+        if self._poller is None or self._poller.done():
+            self._poller = asyncio.get_running_loop().create_task(self._poll_loop())
+
+    async def _poll_loop(self) -> None:
+        await asyncio.sleep(0.2)  # jobs submitted together are seen by one query
+        while self._tracked:
+            try:
+                await self._poll_once()
+                self._failures = 0
+            except ConnectionLostError as exc:
+                self._end_all(JobExit(None, host_lost=True, message=str(exc)))
+                return
+            except TransportError as exc:
+                self._failures += 1
+                log.warning("%s", exc)
+                if self._failures > QUERY_FAILURES_TOLERATED:
+                    self._end_all(JobExit(None, host_lost=True, message=str(exc)))
+                    return
+            await asyncio.sleep(self.settings.poll_interval)
+
+    def _end_all(self, exit_: JobExit) -> None:
+        for tracked in self._tracked.values():
+            if not tracked.done.done():
+                tracked.done.set_result(exit_)
+
+    async def _poll_once(self) -> None:
+        jobs = list(self._tracked.values())
+        outputs = {t.name: (t.jobdir, t.offsets[0], t.offsets[1]) for t in jobs}
+        reply = await self._query([t.slurm_id for t in jobs if t.ended is None], outputs)
+        for t in jobs:
+            full = False
+            for fd, data in reply.data.get(t.name, {}).items():
+                t.offsets[fd - 1] += len(data)
+                full = full or len(data) >= S.READ_CHUNK
+                if t.room is not None:  # past the limit: the rest is dropped and the job ended
+                    if len(data) > t.room and t.ended is None:
+                        t.ended = S.JobStatus(
+                            "CANCELLED",
+                            done=True,
+                            code=1,
+                            message="output over --max-output-bytes; the job was cancelled",
+                        )
+                        with contextlib.suppress(TransportError):
+                            await self._scancel([t.slurm_id])
+                    data = data[: t.room]
+                    t.room -= len(data)
+                if data:
+                    t.on_output(fd, data)
+            entry = reply.queue.get(t.slurm_id)
+            if entry is not None:
+                if t.state in S.RUNNING_STATES and entry.state in S.WAITING_STATES:
+                    log.warning(
+                        "%s: Slurm requeued %s (job %s): %s",
+                        self.name,
+                        t.name,
+                        t.slurm_id,
+                        entry.reason,
+                    )
+                t.state, t.missing = entry.state, 0
+            elif reply.squeue_ok:
+                t.missing += 1
+            if t.ended is None and t.slurm_id in reply.detail:
+                status = S.final_status(reply.detail[t.slurm_id])
+                if status is not None and status.done:
+                    t.ended = status
+                elif status is None and t.missing > 2:
+                    t.ended = S.JobStatus(
+                        "UNKNOWN",
+                        done=True,
+                        code=1,
+                        message=f"Slurm no longer knows job {t.slurm_id}",
+                    )
+            if t.ended is not None or t.state in S.RUNNING_STATES:
+                self.on_running.pop(t.name, lambda: None)()
+            # the job's whole output is home before it counts as ended
+            if t.ended is not None and not full and not t.done.done():
+                log.info(
+                    "%s: Slurm job %s of %s ended %s", self.name, t.slurm_id, t.name, t.ended.state
+                )
+                t.done.set_result(JobExit(t.ended.code, message=t.ended.message))
+
+
+async def open_slurm_executor(
+    machine: Machine, *, settings: S.SlurmSettings, token: str, **kwargs: Any
+) -> SlurmExecutor:
+    """Connect to the login node (our agent there) and look for this batch's jobs in Slurm."""
+    inner = await open_executor(machine, token=token, **kwargs)
+    executor = SlurmExecutor(inner, settings, token)
+    try:
+        await executor.find_earlier()
+    except BaseException:
+        await executor.close()
+        raise
+    return executor

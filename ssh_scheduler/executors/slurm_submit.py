@@ -1,0 +1,154 @@
+"""Submitting jobs to Slurm: those placed together go in one round trip to the login node, and
+those that ask Slurm for the same things in one ``sbatch --array`` (slurm_array), as a user
+would by hand.  Used by :class:`~ssh_scheduler.executors.slurm.SlurmExecutor`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os.path
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from ssh_scheduler.errors import TransportError
+from ssh_scheduler.executors.slurm_array import (
+    ARRAY_MARK,
+    MAX_COMMAND,
+    array_submit_command,
+    shared_options,
+)
+from ssh_scheduler.machines import slurm as S
+
+__all__ = ["Submitter"]
+
+log = logging.getLogger(__name__)
+
+SUBMIT_WINDOW = 0.05
+"""Seconds the first job to submit waits for others: jobs placed together share one sbatch."""
+
+
+@dataclass(slots=True)
+class _Submission:
+    """A job waiting to be submitted; ``done`` gets (Slurm id or None, what sbatch said, lost)."""
+
+    job: str
+    jobdir: str
+    argv: list[str]
+    script: str
+    done: asyncio.Future[tuple[str | None, str, bool]]
+    abandoned: bool = False  # its run was cancelled
+
+
+def _chunks(group: list[_Submission]) -> list[list[_Submission]]:
+    """The group in runs whose submission line stays under :data:`MAX_COMMAND`."""
+    chunks: list[list[_Submission]] = [[]]
+    size = 0
+    for submission in group:
+        cost = len(submission.script) + 3 * len(submission.jobdir) + 200
+        if chunks[-1] and size + cost > MAX_COMMAND:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(submission)
+        size += cost
+    return chunks
+
+
+class Submitter:
+    """Collects jobs to submit for :data:`SUBMIT_WINDOW`, then submits them in groups.
+    ``run`` runs a shell line on the login node (output, status); ``cancel`` scancels ids."""
+
+    def __init__(
+        self,
+        name: str,
+        settings: S.SlurmSettings,
+        token: str,
+        run: Callable[[str], Awaitable[tuple[str, int]]],
+        cancel: Callable[[list[str]], Awaitable[None]],
+    ) -> None:
+        self.name, self.settings, self.token = name, settings, token
+        self._run, self._cancel = run, cancel
+        self._submissions: list[_Submission] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def submit(
+        self, job: str, jobdir: str, argv: list[str], script: str
+    ) -> tuple[str | None, str, bool]:
+        """The job's Slurm id (``A_i`` for an array task) or None, what sbatch said, and whether
+        the login node was lost.  A cancelled caller's job is scancelled once submitted."""
+        loop = asyncio.get_running_loop()
+        submission = _Submission(job, jobdir, argv, script, loop.create_future())
+        self._submissions.append(submission)
+        if self._task is None or self._task.done():
+            self._task = loop.create_task(self._submit_soon())
+        try:
+            return await asyncio.shield(submission.done)
+        except asyncio.CancelledError:
+            submission.abandoned = True
+            if submission.done.done() and submission.done.result()[0] is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._cancel([str(submission.done.result()[0])]))
+            raise
+
+    async def _submit_soon(self) -> None:
+        await asyncio.sleep(SUBMIT_WINDOW)
+        while self._submissions:
+            batch, self._submissions = [s for s in self._submissions if not s.abandoned], []
+            groups: dict[tuple[str, ...], list[_Submission]] = {}
+            for submission in batch:
+                key = shared_options(submission.argv) if self.settings.arrays else (submission.job,)
+                groups.setdefault(key, []).append(submission)
+            for options, group in groups.items():
+                for chunk in _chunks(group):
+                    try:
+                        await self._submit_chunk(options, chunk)
+                    except Exception as exc:  # no job may wait forever for its submission
+                        log.exception("%s: submitting to Slurm failed", self.name)
+                        for waiting in chunk:
+                            if not waiting.done.done():
+                                waiting.done.set_result((None, f"submitting failed: {exc}", False))
+
+    async def _submit_chunk(self, options: tuple[str, ...], chunk: list[_Submission]) -> None:
+        first = chunk[0]
+        if len(chunk) == 1:
+            command = S.submit_command(self.settings, first.argv, first.script)
+        else:
+            stem = os.path.join(
+                os.path.dirname(first.jobdir), f"{self.token}-{ARRAY_MARK}{first.job}"
+            )
+            command = array_submit_command(
+                self.settings, options, name=S.job_name(self.token, ARRAY_MARK + first.job),
+                workdir=os.path.dirname(first.jobdir), script_path=f"{stem}.array",
+                jobs=[(s.jobdir, s.script) for s in chunk],
+            )  # fmt: skip
+        try:
+            out, rc = await self._run(command)
+        except TransportError as exc:
+            for s in chunk:
+                s.done.set_result((None, str(exc), True))
+            return
+        slurm_id = S.parse_submitted(out) if rc == 0 else None
+        said = out if slurm_id is None else ""
+        if slurm_id is not None and len(chunk) > 1:
+            log.info("submitted: %d jobs as Slurm array %s on %s", len(chunk), slurm_id, self.name)
+        ids = (
+            [slurm_id]
+            if len(chunk) == 1
+            else [f"{slurm_id}_{i}" if slurm_id else None for i in range(len(chunk))]
+        )
+        for s, job_id in zip(chunk, ids, strict=True):
+            s.done.set_result((job_id, said or f"exit status {rc}", False))
+        gone = [
+            job_id
+            for s, job_id in zip(chunk, ids, strict=True)
+            if s.abandoned and job_id is not None
+        ]
+        if gone:  # their runs were cancelled while sbatch ran
+            with contextlib.suppress(TransportError):
+                await self._cancel(gone)

@@ -1,0 +1,137 @@
+"""What a job needs and where it was placed: plain values shared by the planner and the core.
+
+See :mod:`ssh_scheduler.planner.allocate` for how needs are counted against a host.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from ssh_scheduler.errors import ConfigError
+
+__all__ = [
+    "DEFAULT_CPU_OVERLOAD",
+    "EPS",
+    "GPU_UTILIZATION_TOLERANCE",
+    "Needs",
+    "NeedsOverride",
+    "NoFit",
+    "OwnUsage",
+    "Placement",
+    "cpus_text",
+    "plural",
+]
+
+DEFAULT_CPU_OVERLOAD = 1.25
+"""CPUs are over-committed by this factor: hosts run well a little over capacity (as the ancestor
+tolerated a small overload)."""
+
+GPU_UTILIZATION_TOLERANCE = 0.05
+"""Utilization may add up to this much over a whole GPU: probes are noisy and two jobs at 0.5 on
+a GPU that shows 3 % from a monitoring process should still share it."""
+
+EPS = 1e-9
+"""Slack for float comparisons of CPUs and utilization."""
+
+
+class NoFit(Exception):
+    """A job does not fit on a machine *now*: an expected scheduling outcome, not a user error.
+
+    Deliberately not a :class:`~ssh_scheduler.errors.SchedulerError`; a job that can *never*
+    fit is reported through :func:`explain_unfit` / ``UnsatisfiableError`` instead.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class Needs:
+    """What one job needs, from the ``execute_batch`` flags.
+
+    ``cpus`` (``--num-cpus``, cores), ``memory_mb`` (``--memory-required``, MiB), ``gpus``
+    (``--gpus-per-job``; 0 for ``--no-gpu-required``), ``gpu_memory_mb``
+    (``--gpu-memory-required``, MiB on *each* GPU), ``gpu_utilization`` (``--gpu-utilization``,
+    fraction of *each* GPU), ``reserve_machine`` (``--reserve``), ``reserve_gpu`` (False for
+    ``--no-reserve-gpu``).  The GPU fields mean nothing when ``gpus`` is 0.
+    """
+
+    cpus: float = 1.0
+    memory_mb: int = 1000
+    gpus: int = 1
+    gpu_memory_mb: int = 1000
+    gpu_utilization: float = 0.0
+    reserve_machine: bool = False
+    reserve_gpu: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("cpus", "gpu_utilization"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise ConfigError(f"{name} must be a finite number >= 0, not {value!r}")
+        for name in ("memory_mb", "gpus", "gpu_memory_mb"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ConfigError(f"{name} must be a whole number >= 0, not {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class NeedsOverride:
+    """The needs one job sets for itself (a ``--commands`` line with ``--num-cpus`` etc.); ``None``
+    fields take the batch's value.  ``gpus=0`` is ``--no-gpu-required``."""
+
+    cpus: float | None = None
+    memory_mb: int | None = None
+    gpus: int | None = None
+    gpu_memory_mb: int | None = None
+    gpu_utilization: float | None = None
+    reserve_machine: bool | None = None
+    reserve_gpu: bool | None = None
+
+    @property
+    def empty(self) -> bool:
+        # Asked once per job of the batch: a comparison, not a walk over fields().
+        return self == _NO_OVERRIDE
+
+    def apply(self, base: Needs) -> Needs:
+        """``base`` with this job's own values put in (validated by :class:`Needs`)."""
+        values = {f.name: getattr(base, f.name) for f in fields(base)}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                values[f.name] = value
+        needs = Needs(**values)
+        if needs.gpus == 0:  # GPU fields mean nothing then; keep equal needs equal
+            needs = Needs(needs.cpus, needs.memory_mb, 0, 0, 0.0, needs.reserve_machine, False)
+        return needs
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a job runs: ``gpu_indices`` are ``nvidia-smi`` indices in the probe's order (empty
+    for a job without GPUs); ``gpu_uuids`` are the same GPUs' UUIDs, which also suit
+    ``CUDA_VISIBLE_DEVICES`` and, unlike indices, do not depend on ``CUDA_DEVICE_ORDER``."""
+
+    machine: str
+    job_id: str
+    gpu_indices: tuple[int, ...]
+    needs: Needs
+    gpu_uuids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class OwnUsage:
+    """What one of our running jobs is observed to use, as reported by our agent on the host:
+    its process ids (to recognise its GPU processes) and its total RSS in MiB."""
+
+    pids: frozenset[int]
+    rss_mb: int = 0
+
+
+def plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def cpus_text(count: float) -> str:
+    return "1 cpu" if count == 1 else f"{count:g} cpus"
+
+
+_NO_OVERRIDE = NeedsOverride()
