@@ -87,7 +87,7 @@ class Run:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        d = {
+        d: dict[str, Any] = {
             "wall_s": round(self.wall, 4),
             "rc": self.rc,
             "ok": self.ok,

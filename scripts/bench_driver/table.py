@@ -44,7 +44,8 @@ def render_table(scenarios: Sequence[Scenario], target_map: dict[str, list[Targe
                 f" [{failed} failed run{'s' if failed > 1 else ''}]" if failed else ""
             )
             first = True
-            for tg in tgs or [None]:
+            shown: list[Target | None] = [*tgs] or [None]
+            for tg in shown:
                 rows.append(
                     [s.sid, name if first else "", *(cells if first else ["", "", "", ""]),
                      tg.text if tg else "", tg.shown() if tg else ""]

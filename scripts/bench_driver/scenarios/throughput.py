@@ -14,6 +14,7 @@ import socket
 import statistics
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +77,7 @@ def s1_tools(
         tools.append(
             Tool(
                 f"asyncssh floor ({per_host} ch/host){label}",
-                lambda cwd, p=per_host: bench.floor_cmd(cwd, batch, names, p),
+                partial(bench.floor_cmd, batch=batch, names=names, per_host=per_host),
                 verify_floor(n_jobs),
                 n_jobs,
                 "floor",
