@@ -1,4 +1,5 @@
-"""Benchmark scenarios for many hosts from one coordinator (hooked into scripts/bench_run.py).
+"""Scale: many hosts from one coordinator, each scenario on a cluster of its own (not in the
+default list).
 
   scale256  256 test hosts (a cluster of its own): connect + probe + one job each (--reserve,
             and each job waits until every host runs one: a barrier in the cluster's folder, so
@@ -18,12 +19,14 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from bench_driver.base import VENV_BIN, log
+from bench_driver.bench import Bench
+from bench_driver.measure import Cmd, Run
+from bench_driver.records import SSH_TOOL, Group, Scenario, Tool
+from bench_driver.verify import journal_summary
 from tests.cluster import Cluster, GpuSpec, HostSpec, start_cluster
-
-if TYPE_CHECKING:
-    from bench_run import Bench, Cmd, Run, Scenario
 
 SCALE_SCENARIOS = ("scale256", "churn")
 NO_NEEDS = ("--no-gpu-required", "--num-cpus", "0.001", "--memory-required", "1")
@@ -57,8 +60,6 @@ def scale_makers(bench: Bench) -> dict[str, Callable[[], Scenario]]:
 def _own_cluster(bench: Bench, specs: list[HostSpec], info: dict[str, Any], key: str) -> Cluster:
     """Start a cluster for one scenario in the bench's second cluster slot (its hosts' CPU is
     then counted per run), noting how long it took."""
-    from bench_run import log
-
     t0 = time.monotonic()
     cluster = start_cluster(specs, timeout=600)
     info.update(hosts=len(specs), start_s=round(time.monotonic() - t0, 1))
@@ -77,8 +78,6 @@ def _stop_own(bench: Bench, info: dict[str, Any]) -> None:
 
 
 def _batch_cmd(bench: Bench, cwd: Path, lines: str, hosts: list[str], *extra: str) -> Cmd:
-    from bench_run import VENV_BIN, Cmd
-
     assert bench.gpu_cluster is not None
     (cwd / "batch").write_text(lines)
     argv = [
@@ -89,15 +88,11 @@ def _batch_cmd(bench: Bench, cwd: Path, lines: str, hosts: list[str], *extra: st
 
 
 def _finished_hosts(cwd: Path) -> Counter[str]:
-    from bench_run import journal_summary
-
     placed, _first, _last = journal_summary(cwd / "job_results")
     return Counter(placed)
 
 
 def scenario_scale256(bench: Bench) -> Scenario:
-    from bench_run import SSH_TOOL, Group, Scenario, Tool
-
     hosts = 256
     info: dict[str, Any] = {}
 
@@ -114,8 +109,6 @@ def scenario_scale256(bench: Bench) -> Scenario:
         return _batch_cmd(bench, cwd, barrier_job(barrier, hosts) * hosts, names, *NO_NEEDS, "--reserve", "--quiet")
 
     def verify(cmd: Cmd, run: Run) -> None:
-        from bench_run import journal_summary
-
         placed, _first, _last = journal_summary(cmd.cwd / "job_results")
         starts = _start_times(cmd.cwd / "job_results")
         run.extra.update(
@@ -170,8 +163,6 @@ def _probes(cluster: Cluster, names: list[str]) -> list[int]:
 
 
 def scenario_churn(bench: Bench) -> Scenario:
-    from bench_run import SSH_TOOL, Group, Scenario, Tool
-
     jobs = 500 if bench.quick else 2000
     sizes = (4, 16, 32)
     info: dict[str, Any] = {}

@@ -1,5 +1,4 @@
-"""File-transfer scenarios of the benchmark (hooked into scripts/bench_run.py as ``files-in``,
-``files-back`` and ``big-back``).
+"""File transfer: one job moving many small files or one big file, against plain OpenSSH pipes.
 
 Each runs ONE job on ONE host of the small cluster and compares ssh_scheduler's whole process
 (start-up, connection, agent, transfer, copy-back) with the plain OpenSSH pipe a user would type
@@ -21,16 +20,17 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from types import ModuleType
+from bench_driver.base import VENV_BIN
+from bench_driver.bench import Bench
+from bench_driver.measure import Cmd, Run
+from bench_driver.profiling import profile_argv
+from bench_driver.records import SSH_TOOL, Group, Scenario, Target, Tool
+from bench_driver.verify import verify_batch
 
-    from bench_run import Bench, Cmd, Run, Scenario, Target, Tool
-
+FILE_SCENARIOS = ("files-in", "files-back", "big-back")
 N_FILES = 5000
 BIG_BYTES = 200_000_000
 HOST = "h1"
@@ -44,7 +44,7 @@ BIG_SOURCE = "bench_big.bin"  # made once per scenario in the host user's home, 
 MAKE_BIG = f"cp ~/{BIG_SOURCE} big.bin"
 
 
-def scenarios(bench: Bench) -> dict[str, Callable[[], Scenario]]:
+def file_makers(bench: Bench) -> dict[str, Callable[[], Scenario]]:
     return {
         "files-in": lambda: files_in(bench),
         "files-back": lambda: files_back(bench),
@@ -52,26 +52,19 @@ def scenarios(bench: Bench) -> dict[str, Callable[[], Scenario]]:
     }
 
 
-def _lib(bench: Bench) -> ModuleType:
-    """bench_run's own module (it runs as __main__: importing it again would make a second copy
-    of its classes)."""
-    return sys.modules[type(bench).__module__]
-
-
 def _ssh_batch(bench: Bench, cwd: Path, line: str, forwards: str) -> Cmd:
-    b = _lib(bench)
     (cwd / "batch").write_text(line + "\n")
     argv = [
-        str(b.VENV_BIN / "execute_batch"), "batch",
+        str(VENV_BIN / "execute_batch"), "batch",
         "--machines", *bench.machines([HOST]),
         "--no-gpu-required", "--num-cpus", "0", "--memory-required", "0",
         "--copy-forwards", forwards,
     ]  # fmt: skip
-    return b.Cmd(argv, cwd, env=bench.env)  # type: ignore[no-any-return]
+    return Cmd(argv, cwd, env=bench.env)
 
 
 def _shell(bench: Bench, cwd: Path, pipeline: str) -> Cmd:
-    return _lib(bench).Cmd(["/bin/bash", "-o", "pipefail", "-c", pipeline], cwd, env=bench.env)
+    return Cmd(["/bin/bash", "-o", "pipefail", "-c", pipeline], cwd, env=bench.env)
 
 
 def _ssh_words(bench: Bench) -> str:
@@ -79,9 +72,9 @@ def _ssh_words(bench: Bench) -> str:
     return shlex.join(bench.host(HOST).ssh_argv())
 
 
-def _ratio_target(bench: Bench, text: str, ssh: Tool, peer: Tool, limit: float) -> Target:
+def _ratio_target(text: str, ssh: Tool, peer: Tool, limit: float) -> Target:
     a, b = ssh.median(), peer.median()
-    return _lib(bench).Target(text, ssh.name, a / b if a and b else None, limit, False, "x")
+    return Target(text, ssh.name, a / b if a and b else None, limit, False, "x")
 
 
 def _check_tree(folder: Path, count: int, size: int, run: Run) -> None:
@@ -101,9 +94,6 @@ def _job_folder(cwd: Path) -> Path:
 
 
 def files_in(bench: Bench) -> Scenario:
-    b = _lib(bench)
-    SSH_TOOL, Group, Scenario, Tool = b.SSH_TOOL, b.Group, b.Scenario, b.Tool
-
     data = bench.root / "files_in_data"
     count_cmd = f"test $(find data -type f | wc -l) = {N_FILES}"
     state: dict[str, int] = {}
@@ -123,7 +113,7 @@ def files_in(bench: Bench) -> Scenario:
         return _ssh_batch(bench, cwd, count_cmd, "data")
 
     def verify_ssh(cmd: Cmd, run: Run) -> None:
-        bench.verify_batch(1)(cmd, run)
+        verify_batch(1)(cmd, run)
         run.extra["cache_bytes_added"] = bench.cache_bytes([HOST]) - state["before"]
 
     def tar(cwd: Path) -> Cmd:
@@ -133,14 +123,14 @@ def files_in(bench: Bench) -> Scenario:
         return _shell(bench, cwd, f"tar c data | {_ssh_words(bench)} {shlex.quote(remote)}")
 
     t_cold = Tool(SSH_TOOL, lambda cwd: ssh(cwd, True), verify_ssh, 1, "ssh_scheduler",
-                  profile_argv=bench.profile_argv)  # fmt: skip
+                  profile_argv=profile_argv)  # fmt: skip
     t_warm = Tool(SSH_TOOL + " (repeat, warm cache)", lambda cwd: ssh(cwd, False), verify_ssh, 1, "info")
     t_tar = Tool("tar c | ssh tar x", tar, jobs=1, kind="floor")
 
     def targets(s: Scenario) -> list[Target]:
         s.computed["warm_cache_bytes_added"] = [r.extra.get("cache_bytes_added") for r in t_warm.good()]
         s.computed["warm_sent_bytes"] = [r.extra.get("sent_bytes") for r in t_warm.good()]
-        return [_ratio_target(bench, "wall <= 1.5 x tar pipe", t_cold, t_tar, 1.5)]
+        return [_ratio_target("wall <= 1.5 x tar pipe", t_cold, t_tar, 1.5)]
 
     return Scenario(
         "files-in",
@@ -158,9 +148,6 @@ def files_in(bench: Bench) -> Scenario:
 
 
 def files_back(bench: Bench) -> Scenario:
-    b = _lib(bench)
-    SSH_TOOL, Group, Scenario, Tool = b.SSH_TOOL, b.Group, b.Scenario, b.Tool
-
     make = MAKE_SMALL.format(n=N_FILES)
 
     def ssh(cwd: Path) -> Cmd:
@@ -168,7 +155,7 @@ def files_back(bench: Bench) -> Scenario:
         return _ssh_batch(bench, cwd, make, "empty")
 
     def verify_ssh(cmd: Cmd, run: Run) -> None:
-        bench.verify_batch(1)(cmd, run)
+        verify_batch(1)(cmd, run)
         _check_tree(_job_folder(cmd.cwd) / "out", N_FILES, 1000, run)
 
     def tar(cwd: Path) -> Cmd:
@@ -178,11 +165,11 @@ def files_back(bench: Bench) -> Scenario:
     def verify_tar(cmd: Cmd, run: Run) -> None:
         _check_tree(cmd.cwd / "out", N_FILES, 1000, run)
 
-    t_ssh = Tool(SSH_TOOL, ssh, verify_ssh, 1, "ssh_scheduler", profile_argv=bench.profile_argv)
+    t_ssh = Tool(SSH_TOOL, ssh, verify_ssh, 1, "ssh_scheduler", profile_argv=profile_argv)
     t_tar = Tool("ssh 'make; tar c' | tar x", tar, verify_tar, 1, "floor")
 
     def targets(s: Scenario) -> list[Target]:
-        return [_ratio_target(bench, "wall <= 1.5 x tar pipe", t_ssh, t_tar, 1.5)]
+        return [_ratio_target("wall <= 1.5 x tar pipe", t_ssh, t_tar, 1.5)]
 
     return Scenario(
         "files-back",
@@ -197,9 +184,6 @@ def files_back(bench: Bench) -> Scenario:
 
 
 def big_back(bench: Bench) -> Scenario:
-    b = _lib(bench)
-    SSH_TOOL, Group, Scenario, Tool = b.SSH_TOOL, b.Group, b.Scenario, b.Tool
-
     def make_source() -> None:
         host = bench.host(HOST)
         path = host.home / BIG_SOURCE
@@ -216,7 +200,7 @@ def big_back(bench: Bench) -> Scenario:
         return _ssh_batch(bench, cwd, MAKE_BIG, "empty")
 
     def verify_ssh(cmd: Cmd, run: Run) -> None:
-        bench.verify_batch(1)(cmd, run)
+        verify_batch(1)(cmd, run)
         _check_tree(_job_folder(cmd.cwd), 1, BIG_BYTES, run)
 
     def cat(cwd: Path) -> Cmd:
@@ -226,11 +210,11 @@ def big_back(bench: Bench) -> Scenario:
     def verify_cat(cmd: Cmd, run: Run) -> None:
         _check_tree(cmd.cwd, 1, BIG_BYTES, run)
 
-    t_ssh = Tool(SSH_TOOL, ssh, verify_ssh, 1, "ssh_scheduler", profile_argv=bench.profile_argv)
+    t_ssh = Tool(SSH_TOOL, ssh, verify_ssh, 1, "ssh_scheduler", profile_argv=profile_argv)
     t_cat = Tool("ssh 'make; cat' > file", cat, verify_cat, 1, "floor")
 
     def targets(s: Scenario) -> list[Target]:
-        return [_ratio_target(bench, "wall <= 1.2 x ssh cat", t_ssh, t_cat, 1.2)]
+        return [_ratio_target("wall <= 1.2 x ssh cat", t_ssh, t_cat, 1.2)]
 
     return Scenario(
         "big-back",

@@ -1,0 +1,184 @@
+"""The state of one benchmark run: its temporary folder, the test clusters, the environment the
+measured commands get, where the measured package lives (--ref), and the commands every scenario
+family shares (machine files, the peers' command lines, the hosts' work folders)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench_driver.base import PY, REPO, log
+from bench_driver.measure import Cmd
+from tests.cluster import Cluster, GpuSpec, HostSpec, start_cluster
+
+# Tiny non-zero needs: still thousands of slots per host (nothing throttles), but each job lowers
+# the host's score, so jobs spread over the hosts (zero needs all tie and go to the first host).
+SPREAD_NEEDS = ("--num-cpus", "0.001", "--memory-required", "1")
+
+class Bench:
+    """One benchmark run; each scenario family's makers take it and build on its clusters."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.quick: bool = args.quick
+        self.root = Path(tempfile.mkdtemp(prefix="sshs-bench-", dir=args.workdir))
+        self.cluster: Cluster | None = None
+        self.gpu_cluster: Cluster | None = None
+        self.gpu_fallback: str | None = None
+        self.env = dict(os.environ)
+        self.env.pop("SSH_AUTH_SOCK", None)
+        self.env["PARALLEL_HOME"] = str(self.root / "parallel_home")
+        (self.root / "parallel_home").mkdir()
+        (self.root / "parallel_home" / "will-cite").touch()
+        self.cluster_info: dict[str, Any] = {}
+        self.code_root = REPO  # where the measured ssh_scheduler package lives
+        if args.ref:
+            self.code_root = export_ref(args.ref, self.root / "code")
+            self.env["PYTHONPATH"] = str(self.code_root)
+        # An installed package has its bytecode; the measured tree, run where
+        # PYTHONDONTWRITEBYTECODE=1 is set, would compile ~40 modules at every start (~0.09 s of
+        # CPU) that no user pays: compile them once, as pip does at install.
+        subprocess.run(
+            [PY, "-m", "compileall", "-q", str(self.code_root / "ssh_scheduler")],
+            check=False,
+            capture_output=True,
+        )
+
+    # ----- cluster
+    def start_small_cluster(self) -> Cluster:
+        # h1..h32: 4 CPUs, 16 GiB (12000 MiB available), no GPU -- except h15, h16 with 2 GPUs
+        # (scenario 7: the ancestor's example ran on a 2-GPU machine); h17..h32 for scenario 4's
+        # 32-host fan-out.
+        specs = (
+            [HostSpec(cpus=4) for _ in range(14)]
+            + [HostSpec(cpus=4, gpus=[GpuSpec(), GpuSpec()]) for _ in range(2)]
+            + [HostSpec(cpus=4) for _ in range(16)]
+        )
+        t0 = time.monotonic()
+        cluster = start_cluster(specs, timeout=60)
+        self.cluster_info["small"] = {
+            "hosts": len(specs),
+            "start_s": round(time.monotonic() - t0, 2),
+            "mode": "netns" if cluster.namespaces else "loopback",
+            "base": str(cluster.base),
+        }
+        log(f"cluster up: {len(specs)} hosts in {time.monotonic() - t0:.1f} s at {cluster.base}")
+        if not cluster.namespaces:
+            log(
+                "warning: loopback cluster (not root?): set_latency is unavailable, scenario 5 will be skipped"
+            )
+        self.write_peer_files(cluster)
+        return cluster
+
+    def write_peer_files(self, cluster: Cluster) -> None:
+        for n in (4, 16):
+            hosts = cluster.hosts[:n]
+            (self.root / f"sshlogins{n}").write_text(
+                "".join(
+                    f"{h.user}@{h.ip}\n" if h.port == 22 else f"-p {h.port} {h.user}@{h.ip}\n"
+                    for h in hosts
+                )
+            )
+
+    def machines(self, names: Sequence[str], cluster: Cluster | None = None) -> list[str]:
+        cluster = cluster or self.cluster
+        assert cluster is not None
+        return [str(cluster.machines_dir / f"{n}.yaml") for n in names]
+
+    def host(self, name: str) -> Any:
+        assert self.cluster is not None
+        return self.cluster[name]
+
+    def wipe_workdirs(self, names: Sequence[str], extra: Sequence[str] = ()) -> None:
+        """Remove the hosts' ssh_scheduler work roots (caches, job dirs) and other leftovers."""
+        for n in names:
+            h = self.host(n)
+            shutil.rmtree(h.workdir, ignore_errors=True)
+            for sub in extra:
+                shutil.rmtree(h.home / sub, ignore_errors=True)
+
+    def cache_bytes(self, names: Sequence[str]) -> int:
+        total = 0
+        for n in names:
+            cache = self.host(n).workdir / "cache"
+            if cache.is_dir():
+                for p in cache.rglob("*"):
+                    with contextlib.suppress(OSError):
+                        if p.is_file() and not p.is_symlink():
+                            total += p.stat().st_size
+        return total
+
+    def rundir(self, sid: str, tool: str) -> Path:
+        base = self.root / f"s{sid}" / re.sub(r"[^A-Za-z0-9_.-]+", "_", tool)
+        base.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix="r", dir=base))
+
+    # ----- common commands
+    def ssh_wrapper(self) -> str:
+        assert self.cluster is not None
+        return str(self.cluster.ssh_wrapper)
+
+    def parallel_cmd(
+        self, cwd: Path, batch: Path, hosts: int, jobs_per_host: int, extra: Sequence[str] = ()
+    ) -> Cmd:
+        argv = [
+            "parallel",
+            "--ssh", self.ssh_wrapper(),
+            "--sshloginfile", str(self.root / f"sshlogins{hosts}"),
+            "--controlmaster",
+            "-j", str(jobs_per_host),
+            *extra,
+        ]  # fmt: skip
+        return Cmd(argv, cwd, stdin=batch, env=self.env)
+
+    def floor_cmd(self, cwd: Path, batch: Path, names: Sequence[str], per_host: int) -> Cmd:
+        assert self.cluster is not None
+        hosts = [f"{self.host(n).user}@{self.host(n).ip}:{self.host(n).port}" for n in names]
+        argv = [
+            PY, str(REPO / "scripts" / "bench_floor.py"), str(batch), *hosts,
+            "--key", str(self.cluster.key_path),
+            "--known-hosts", str(self.cluster.known_hosts),
+            "--per-host", str(per_host),
+        ]  # fmt: skip
+        return Cmd(argv, cwd, env=self.env)
+
+    def close(self) -> None:
+        for c in (self.gpu_cluster, self.cluster):
+            if c is not None:
+                with contextlib.suppress(Exception):
+                    t0 = time.monotonic()
+                    c.stop()
+                    log(f"cluster {c.cluster_id} removed in {time.monotonic() - t0:.1f} s")
+        self.gpu_cluster = self.cluster = None
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def export_ref(ref: str, dest: Path) -> Path:
+    """``git archive`` the package at ``ref`` into ``dest`` (imported first via PYTHONPATH; the
+    editable install's finder comes after the path finder).  bench_combine.py comes from the ref
+    when it has one, else from the working tree."""
+    dest.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", "--format=tar", ref, "ssh_scheduler"],
+        capture_output=True,
+        check=True,
+    )
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    (dest / "scripts").mkdir()
+    found = subprocess.run(
+        ["git", "-C", str(REPO), "show", f"{ref}:scripts/bench_combine.py"], capture_output=True
+    )
+    if found.returncode == 0:
+        (dest / "scripts" / "bench_combine.py").write_bytes(found.stdout)
+    else:
+        shutil.copy(REPO / "scripts" / "bench_combine.py", dest / "scripts" / "bench_combine.py")
+    return dest

@@ -1,0 +1,43 @@
+"""Running a scenario: its rounds, the groups in an order that rotates each round, every tool
+in a fresh working folder, measured and verified; the slow peers only for --peer-rounds."""
+
+from __future__ import annotations
+
+import shutil
+
+from bench_driver.base import log
+from bench_driver.bench import Bench
+from bench_driver.measure import run_cmd
+from bench_driver.profiling import profile
+from bench_driver.records import Scenario
+
+
+def run_scenario(bench: Bench, s: Scenario) -> None:
+    rounds = s.rounds or bench.args.rounds
+    log(f"scenario {s.sid}: {s.title} ({rounds} round{'s' if rounds > 1 else ''})")
+    s.prepare()
+    try:
+        for r in range(rounds):
+            order = s.groups[r % len(s.groups) :] + s.groups[: r % len(s.groups)]
+            for group in order:
+                group.setup()
+                try:
+                    for tool in group.tools:
+                        if tool.kind == "peer" and r >= bench.args.peer_rounds:
+                            continue
+                        cwd = bench.rundir(s.sid, tool.name)
+                        cmd = tool.prepare(cwd)
+                        run = run_cmd(cmd, clusters=(bench.cluster, bench.gpu_cluster))
+                        tool.verify(cmd, run)
+                        tool.runs.append(run)
+                        status = "ok" if run.ok else f"FAILED ({run.note})"
+                        log(
+                            f"  round {r + 1} {tool.name}: {run.wall:.3f} s, cpu client {run.cpu_s:.2f} s + hosts {run.hosts_cpu_s:.2f} s, machine busy {run.machine_busy_pct:.0f}% {status}"
+                        )
+                        shutil.rmtree(cwd, ignore_errors=True)
+                finally:
+                    group.teardown()
+        if bench.args.profile:
+            profile(bench, s)
+    finally:
+        s.finish()
