@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from ssh_scheduler.errors import ConfigError, ProbeError, TransportError
 from ssh_scheduler.executors.session import DEFAULT_LEASE, HostSession, JobExit
+from ssh_scheduler.executors.stage_plan import StagePlan
 from ssh_scheduler.executors.transfer import (
     CopyBackReport,
     CopyLimits,
@@ -61,7 +62,7 @@ class Executor(Protocol):
 
     async def probe(self) -> tuple[HostState, dict[str, OwnUsage]]: ...
 
-    async def stage(self, forward: ForwardSet) -> tuple[list[tuple[str, str]], list[str]]:
+    async def stage(self, forward: ForwardSet) -> StagePlan:
         """Make sure the inputs are there; returns what the run request links into the job's
         folder."""
 
@@ -73,7 +74,7 @@ class Executor(Protocol):
         jobdir: str,
         env: dict[str, str],
         on_output: OutputSink,
-        stage: tuple[list[tuple[str, str]], list[str]] | None,
+        stage: StagePlan | None,
         results: list[str] | None,
         keep_output: bool = True,
         max_output: int | None = None,
@@ -136,7 +137,7 @@ class AgentExecutor:
         }
         return state, usage
 
-    async def stage(self, forward: ForwardSet) -> tuple[list[tuple[str, str]], list[str]]:
+    async def stage(self, forward: ForwardSet) -> StagePlan:
         return await prepare_forward(self.cache, forward)
 
     async def run(
@@ -147,7 +148,7 @@ class AgentExecutor:
         jobdir: str,
         env: dict[str, str],
         on_output: OutputSink,
-        stage: tuple[list[tuple[str, str]], list[str]] | None,
+        stage: StagePlan | None,
         results: list[str] | None,
         keep_output: bool = True,
         max_output: int | None = None,

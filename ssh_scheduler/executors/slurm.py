@@ -29,6 +29,7 @@ from ssh_scheduler.executors.host import AgentExecutor, OutputSink, open_executo
 from ssh_scheduler.executors.session import JobExit
 from ssh_scheduler.executors.slurm_array import ARRAY_MARK, parse_array_script
 from ssh_scheduler.executors.slurm_submit import Submitter
+from ssh_scheduler.executors.stage_plan import StagePlan
 from ssh_scheduler.jobs.needs import Needs
 from ssh_scheduler.machines import slurm as S
 from ssh_scheduler.machines.config import Machine
@@ -118,7 +119,7 @@ class SlurmExecutor(AgentExecutor):
         jobdir: str,
         env: dict[str, str],
         on_output: OutputSink,
-        stage: tuple[list[tuple[str, str]], list[str]] | None,
+        stage: StagePlan | None,
         results: list[str] | None,
         keep_output: bool = True,
         max_output: int | None = None,
