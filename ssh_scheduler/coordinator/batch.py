@@ -25,7 +25,7 @@ from typing import Any
 from ssh_scheduler.coordinator.batch_run import BatchOptions, BatchSummary, JobOutcome, select_jobs
 from ssh_scheduler.coordinator.control import ControlServer, batch_requests
 from ssh_scheduler.coordinator.early_hosts import EarlyHosts
-from ssh_scheduler.coordinator.jobrun import JobRun, JobSpec, OutputFiles, job_environment
+from ssh_scheduler.coordinator.jobrun import JobRun, OutputFiles, job_environment
 from ssh_scheduler.coordinator.open_files import raise_open_files_limit
 from ssh_scheduler.errors import (
     AgentStartError,
@@ -44,13 +44,19 @@ from ssh_scheduler.events import (
     HostProbed,
     Notice,
 )
-from ssh_scheduler.executors.host import Executor, open_executor, probe_only
-from ssh_scheduler.executors.slurm import SlurmExecutor, open_slurm_executor
-from ssh_scheduler.executors.transfer import ForwardSet, Hasher, collect_forward
+from ssh_scheduler.executors.base import Executor, RunRequest, ShellCommand
+from ssh_scheduler.executors.host import open_executor, probe_only
+from ssh_scheduler.executors.slurm import open_slurm_executor
 from ssh_scheduler.jobs.batch_file import Job
-from ssh_scheduler.jobs.forward import check_forward_size, check_job_copies, describe_forward
-from ssh_scheduler.machines.config import Machine
-from ssh_scheduler.machines.machine_env import with_setup
+from ssh_scheduler.jobs.forward import (
+    ForwardSet,
+    Hasher,
+    check_forward_size,
+    check_job_copies,
+    collect_forward,
+    describe_forward,
+)
+from ssh_scheduler.machines.machine_yaml import Machine
 from ssh_scheduler.machines.slurm import queue_state
 from ssh_scheduler.planner.plan import (
     Action,
@@ -505,22 +511,30 @@ class Batch:
         if forward is None:  # hashing new inputs: off the event loop
             forward = await asyncio.to_thread(self._forward_for, job)
         machine = self.machines[start.placement.machine]
-        spec = JobSpec(
-            name,
-            with_setup(job.command, machine.setup),
-            executor.jobdir(self.token, name),
-            {**dict(machine.env), **job_environment(name, start.placement.gpu_indices)},
-            forward,
-            options.results_dir,
-            job.copy_backwards if job.copy_backwards is not None else options.copy_backwards,
-            options.limits,
+
+        def started(name_there: str) -> None:
+            # The planner's --timeout counts from here; on Slurm it names the Slurm job.
+            self._perform(planner.job_started(name, time.time(), name_there))
+
+        request = RunRequest(
+            name=name,
+            work=ShellCommand(job.command),
+            jobdir=executor.jobdir(self.token, name),
+            env={**dict(machine.env), **job_environment(name, start.placement.gpu_indices)},
+            setup=machine.setup,
+            needs=planner.jobs[name].needs,
+            gpus=start.placement.gpu_indices,
+            timeout=options.timeout,
+            forward=forward,
+            copy_backwards=job.copy_backwards if job.copy_backwards is not None else options.copy_backwards,
+            limits=options.limits,
+            on_started=started,
         )
         output = OutputFiles(
             options.results_dir, name, append=start.resume, mirror={1: [1], 2: [2]} if options.echo_output else {}
         )
-        if isinstance(executor, SlurmExecutor):  # sbatch asks for the job's needs and --time
-            executor.needs[name], executor.timeouts[name] = planner.jobs[name].needs, options.timeout
-        run = self._runs[name] = JobRun(executor, spec, output)
+        # The planner kills on --timeout (KillJob, then run.stop), counting from the started hook.
+        run = self._runs[name] = JobRun(executor, request, output, options.results_dir, enforce_timeout=False)
         try:
             try:
                 output.open()
@@ -529,16 +543,10 @@ class Batch:
             else:
                 try:
 
-                    def started() -> None:
+                    def staged() -> None:
                         log.info("sent: %s's inputs are on %s (%d bytes sent there so far)", name, executor.name, executor.bytes_sent)
-                        if isinstance(executor, SlurmExecutor):  # started = Slurm runs it (--timeout counts from there)
-                            executor.on_running[name] = lambda: self._perform(
-                                planner.job_started(name, time.time(), executor.submitted.get(name, ""))
-                            )
-                            return
-                        self._perform(planner.job_started(name, time.time()))
 
-                    ended = await run.run(resume=start.resume, on_started=started)
+                    ended = await run.run(resume=start.resume, on_staged=staged)
                 finally:
                     output.close()
             if planner.killed_for(name) == "timeout" and not ended.host_lost:
@@ -565,7 +573,7 @@ class Batch:
         except asyncio.CancelledError:
             self._perform(planner.job_cancelled(name))
             with contextlib.suppress(Exception):
-                await asyncio.shield(asyncio.wait_for(executor.remove(spec.jobdir, name), 10))
+                await asyncio.shield(asyncio.wait_for(executor.remove(request.jobdir, name), 10))
             raise
 
     def _finish(self, planner: Planner | None) -> BatchSummary:

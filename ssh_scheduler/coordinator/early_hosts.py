@@ -21,8 +21,9 @@ import secrets
 from collections.abc import Sequence
 from pathlib import Path
 
-from ssh_scheduler.executors.host import Executor, open_executor
-from ssh_scheduler.machines.config import Machine
+from ssh_scheduler.executors.base import Executor
+from ssh_scheduler.executors.host import open_executor
+from ssh_scheduler.machines.machine_yaml import Machine
 
 
 def suits(results_dir: Path) -> bool:
