@@ -19,7 +19,6 @@ import random
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import replace
-from functools import partial
 from typing import Any
 
 from ssh_scheduler.coordinator.batch_run import BatchOptions, BatchSummary, JobOutcome, select_jobs
@@ -44,9 +43,8 @@ from ssh_scheduler.events import (
     HostProbed,
     Notice,
 )
+from ssh_scheduler.executors.backends import dry_run_state, open_backend
 from ssh_scheduler.executors.base import Executor, RunRequest, ShellCommand
-from ssh_scheduler.executors.host import open_executor, probe_only
-from ssh_scheduler.executors.slurm import open_slurm_executor
 from ssh_scheduler.jobs.batch_file import Job
 from ssh_scheduler.jobs.forward import (
     ForwardSet,
@@ -57,7 +55,6 @@ from ssh_scheduler.jobs.forward import (
     describe_forward,
 )
 from ssh_scheduler.machines.machine_yaml import Machine
-from ssh_scheduler.machines.slurm import queue_state
 from ssh_scheduler.planner.plan import (
     Action,
     Cleanup,
@@ -223,11 +220,10 @@ class Batch:
 
         async def one(machine: Machine) -> None:
             try:
-                if machine.slurm is not None:  # a dry run plans into the queue without connecting
-                    state = queue_state(machine.slurm)
-                else:
-                    async with self._connecting:
-                        state = await probe_only(machine, accept_new=self.options.accept_new, keepalive=self.options.keepalive)
+                state = await dry_run_state(
+                    machine, accept_new=self.options.accept_new, keepalive=self.options.keepalive,
+                    connecting=self._connecting,
+                )
             except (HostKeyError, AuthenticationError) as exc:
                 raise _named(machine.name, exc) from None
             except TransportError as exc:
@@ -310,19 +306,14 @@ class Batch:
         return errors[0]
 
     async def _open(self, machine: Machine) -> Executor:
-        """Connect to a host: through our agent, or to Slurm through a login node's agent."""
+        """Connect to a machine and start what runs its jobs (executors.backends chooses)."""
         # The agent starts the probe with its hello (_start_host and _revive probe right after
         # this).  That probe lands with generation None ("taken just now", every ghost cleared),
         # which is right: it was requested before any job was placed on this connection, so no
         # release precedes it (allocate.py probe_started()).
-        opener = (
-            partial(open_executor, probe_first=True)
-            if machine.slurm is None
-            else partial(open_slurm_executor, settings=machine.slurm)
-        )
-        return await opener(
+        return await open_backend(
             machine, accept_new=self.options.accept_new, keepalive=self.options.keepalive,
-            lease=self.options.lease, token=self.token,
+            lease=self.options.lease, token=self.token, probe_first=True,
         )
 
     async def _probe(self, host: str) -> None:

@@ -2,14 +2,15 @@
 
 An :class:`Executor` is one place jobs can run (a host reached over SSH or this machine, both
 driven through our stdlib agent; a Slurm cluster through its login node).  The coordinator and
-the per-job pipeline speak only to this interface: open it, probe it,
+the per-job pipeline speak only to this interface: open it (``executors.backends``), probe it,
 stage inputs and run a job there, bring results back, close it.
 
 A run is one :class:`RunRequest`: everything any backend needs to run one attempt of one job
 (what to run, the job's needs and timeout, its environment and folder, the inputs, what to bring
 back, the limits) and a hook it calls when the job really runs.  The coordinator fills it in
 the same way whatever the backend; a backend takes what it needs from it (Slurm: the needs and
-timeout for ``sbatch``) and ignores the rest.
+timeout for ``sbatch``) and ignores the rest.  A new backend is a class here in ``executors/``
+and a line in ``executors.backends``; it never needs a coordinator change.
 """
 
 from __future__ import annotations
