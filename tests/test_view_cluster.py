@@ -200,10 +200,10 @@ def test_quiet_prints_only_failures_and_verbose_shows_the_wire(cluster4: Cluster
     assert verbose.returncode == 1
     assert "started: b.sh.1;" in verbose.stdout
     wire = verbose.stderr.splitlines()
-    assert f"coordinator.batch: connected to {cluster4.hosts[0].name}" in wire
+    assert f"coordinator.hosts: connected to {cluster4.hosts[0].name}" in wire
     assert any(line.startswith(f"probed: {cluster4.hosts[0].name} load ") and "gpu1 " in line for line in wire)
-    assert any(line.startswith("coordinator.batch: sent: b.sh.1's inputs are on ") for line in wire)
-    assert any(line.startswith("coordinator.batch: received: b.sh.1, ") for line in wire)
+    assert any(line.startswith("coordinator.job_task: sent: b.sh.1's inputs are on ") for line in wire)
+    assert any(line.startswith("coordinator.job_task: received: b.sh.1, ") for line in wire)
 
 
 def test_status_on_a_running_batch_and_after_its_coordinator_was_killed(cluster4: Cluster, tmp_path: Path) -> None:

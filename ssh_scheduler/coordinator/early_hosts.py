@@ -21,8 +21,9 @@ import secrets
 from collections.abc import Sequence
 from pathlib import Path
 
-from ssh_scheduler.executors.host import Executor, open_executor
-from ssh_scheduler.machines.config import Machine
+from ssh_scheduler.executors.backends import open_backend
+from ssh_scheduler.executors.base import Executor
+from ssh_scheduler.machines.machine_yaml import Machine
 
 
 def suits(results_dir: Path) -> bool:
@@ -58,7 +59,7 @@ class EarlyHosts:
     async def _open(self, machine: Machine, starting: asyncio.Future[None]) -> Executor:
         try:
             async with self.connecting:
-                return await open_executor(
+                return await open_backend(
                     machine, accept_new=self._accept_new, keepalive=self._keepalive, lease=self._lease,
                     token=self.token, probe_first=True, on_hello_sent=lambda: starting.set_result(None),
                 )

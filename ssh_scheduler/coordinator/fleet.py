@@ -463,17 +463,18 @@ async def _run_with_files(
 ) -> int:
     """Send the files into a fresh job directory and run the command there, through the same
     per-job pipeline as a batch job (its folder is removed afterwards, also when cancelled)."""
-    from ssh_scheduler.coordinator.jobrun import JobRun, JobSpec, job_environment
+    from ssh_scheduler.coordinator.jobrun import JobRun, job_environment
+    from ssh_scheduler.executors.base import RunRequest, ShellCommand
     from ssh_scheduler.executors.host import AgentExecutor
 
     async with HostSession(transport, lease=options.lease) as session:
         executor = AgentExecutor(transport, session)
         name = f"execute_to.{secrets.token_hex(4)}"
-        spec = JobSpec(
-            name, command, executor.jobdir("fleet", name), job_environment(name, None), forward,
-            Path("."), copy_backwards=(), timeout=options.timeout,
+        request = RunRequest(
+            name=name, work=ShellCommand(command), jobdir=executor.jobdir("fleet", name),
+            env=job_environment(name, None), timeout=options.timeout, forward=forward, copy_backwards=(),
         )
-        run = JobRun(executor, spec, capture)
+        run = JobRun(executor, request, capture, Path("."))
         ended = await run.run()
         if session.lost is None:
             with contextlib.suppress(Exception):

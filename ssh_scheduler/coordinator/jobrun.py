@@ -5,7 +5,9 @@ copy-forwards all run a job through :class:`JobRun`, so a job behaves the same w
 started it: the same environment (``CUDA_VISIBLE_DEVICES``, ``CUDA_DEVICE_ORDER``,
 ``SSH_SCHEDULER_JOB``), output kept on the host for a reattaching coordinator, inputs staged
 in the run request itself (one round trip), a timeout that kills the whole process tree,
-results brought home atomically, and the host folder removed.
+results brought home atomically, and the host folder removed.  Each caller describes the job
+in one :class:`~ssh_scheduler.executors.base.RunRequest`, which the pipeline hands to the
+executor whatever its backend.
 
 Cancellation kills, waits, re-raises (trio's ``run_process``): cancelling :meth:`JobRun.run`
 kills the job's process tree on its host, waits for it to be gone, removes its folder, and
@@ -19,16 +21,16 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
 from ssh_scheduler.errors import TransferError, TransportError
 from ssh_scheduler.events import TIMED_OUT, Ended
-from ssh_scheduler.executors.host import Executor
-from ssh_scheduler.executors.transfer import CopyBackReport, CopyLimits, ForwardSet
+from ssh_scheduler.executors.base import Executor, RunRequest
+from ssh_scheduler.executors.transfer import CopyBackReport
 
-__all__ = ["JobRun", "JobSpec", "Output", "OutputFiles", "job_environment"]
+__all__ = ["JobRun", "Output", "OutputFiles", "job_environment"]
 
 log = logging.getLogger(__name__)
 
@@ -43,22 +45,6 @@ def job_environment(job: str, gpus: str | Sequence[int] | None) -> dict[str, str
         # nvidia-smi numbers GPUs in PCI order; CUDA's default order may differ.
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     return env
-
-
-@dataclass(frozen=True, slots=True)
-class JobSpec:
-    name: str
-    command: str
-    jobdir: str
-    """The job's folder on its host (see :meth:`Executor.jobdir`)."""
-    env: dict[str, str]
-    forward: ForwardSet
-    results_dir: Path
-    copy_backwards: tuple[str, ...] | None = None
-    """None: what the job created or changed; ``()``: nothing."""
-    limits: CopyLimits = CopyLimits()
-    timeout: float | None = None
-    """Seconds the command may run (the coordinator passes None and kills through the planner)."""
 
 
 class Output(Protocol):
@@ -145,50 +131,63 @@ class OutputFiles:
 
 
 class JobRun:
-    """One attempt of one job on one executor."""
+    """One attempt of one job on one executor: ``request`` is what the executor runs (the
+    pipeline adds the staging), ``output`` where its output goes as it arrives, ``results_dir``
+    where :meth:`commit` brings its results (``<results_dir>/<job>``).
 
-    def __init__(self, executor: Executor, spec: JobSpec, output: Output) -> None:
+    ``request.timeout`` is enforced here, counted from the request's started hook, unless
+    ``enforce_timeout`` is False (the batch: its planner counts it and calls :meth:`stop`)."""
+
+    def __init__(
+        self, executor: Executor, request: RunRequest, output: Output, results_dir: Path, *, enforce_timeout: bool = True
+    ) -> None:
         self.executor = executor
-        self.spec = spec
+        self.request = request
         self.output = output
+        self.results_dir = results_dir
+        self.enforce_timeout = enforce_timeout
         self._stop_reason: str | None = None
         self._entries: object = None
 
-    async def run(self, *, resume: bool = False, on_started: Callable[[], None] = lambda: None) -> Ended:
-        """Stage, run and stream the job to its end.  Never raises for the job's own failure or
-        a lost host; cancelling it kills the job's processes, removes its folder, re-raises."""
-        spec, executor = self.spec, self.executor
+    async def run(self, *, resume: bool = False, on_staged: Callable[[], None] = lambda: None) -> Ended:
+        """Stage, run and stream the job to its end (``on_staged``: the inputs are on the host).
+        Never raises for the job's own failure or a lost host; cancelling it kills the job's
+        processes, removes its folder, re-raises."""
+        request, executor = self.request, self.executor
         try:
             if resume:
-                exit_ = await executor.resume(spec.name, self.output.offsets, self.output.write)
+                exit_ = await executor.resume(request, self.output.offsets, self.output.write)
             else:
                 try:
-                    staging = await executor.stage(spec.forward)
+                    staged = await executor.stage(request.forward)
                 except TransportError as exc:
                     return Ended(None, host_lost=True, message=str(exc))
-                on_started()
-                running = executor.run(
-                    spec.name,
-                    spec.command,
-                    jobdir=spec.jobdir,
-                    env=spec.env,
-                    on_output=self.output.write,
-                    stage=staging,
-                    results=list(spec.copy_backwards or ()) or None,
-                    max_output=spec.limits.max_output_bytes,
-                )
-                if spec.timeout is None:
-                    exit_ = await running
+                on_staged()
+                request = replace(request, staged=staged)
+                seconds = request.timeout if self.enforce_timeout else None
+                if seconds is None:
+                    exit_ = await executor.run(request, self.output.write)
                 else:
+                    # Armed when the job really starts (a queue before it does not count).
+                    deadline = asyncio.timeout(None)
+                    loop = asyncio.get_running_loop()
+                    announce = request.on_started
+
+                    def started(name_there: str) -> None:
+                        deadline.reschedule(loop.time() + seconds)
+                        announce(name_there)
+
                     try:
-                        async with asyncio.timeout(spec.timeout):
-                            exit_ = await running
+                        async with deadline:
+                            exit_ = await executor.run(replace(request, on_started=started), self.output.write)
                     except TimeoutError:  # the run was cancelled: its processes are killed
+                        if not deadline.expired():
+                            raise
                         self._stop_reason = "timeout"
-                        return self.ended_by_timeout(spec.timeout)
+                        return self.ended_by_timeout(seconds)
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
-                await asyncio.shield(asyncio.wait_for(executor.remove(spec.jobdir, spec.name), 10))
+                await asyncio.shield(asyncio.wait_for(executor.remove(request.jobdir, request.name), 10))
             raise
         if exit_.host_lost:
             return Ended(None, host_lost=True, message=exit_.message or "connection lost")
@@ -206,24 +205,25 @@ class JobRun:
         returns how it ended."""
         self._stop_reason = reason
         with contextlib.suppress(TransportError):
-            await self.executor.kill(self.spec.name)
+            await self.executor.kill(self.request.name)
 
     async def commit(self) -> tuple[CopyBackReport | None, str | None]:
-        """Bring the results home into ``job_results/<job>/`` (atomically) and remove the job's
-        folder on the host.  Returns the report, or the reason it failed (then nothing is left
-        here and the results stay on the host)."""
-        spec = self.spec
+        """Bring the results home into ``<results_dir>/<job>/`` (atomically) and remove the
+        job's folder on the host.  Returns the report, or the reason it failed (then nothing is
+        left here and the results stay on the host)."""
+        request = self.request
         try:
             report = await self.executor.fetch(
-                spec.name, spec.jobdir, spec.results_dir / spec.name, spec.copy_backwards, spec.limits, self._entries
+                request.name, request.jobdir, self.results_dir / request.name, request.copy_backwards, request.limits,
+                self._entries,
             )
         except (TransferError, TransportError) as exc:
             return None, str(exc)
         with contextlib.suppress(TransportError):
-            await self.executor.remove(spec.jobdir, spec.name, wait=False)
+            await self.executor.remove(request.jobdir, request.name, wait=False)
         return report, None
 
     async def discard(self) -> None:
         """Remove the attempt's folder on the host, bringing nothing home (a retry)."""
         with contextlib.suppress(TransportError):
-            await self.executor.remove(self.spec.jobdir, self.spec.name)
+            await self.executor.remove(self.request.jobdir, self.request.name)

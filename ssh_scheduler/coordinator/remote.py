@@ -15,12 +15,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ssh_scheduler.coordinator.jobrun import JobRun, JobSpec, OutputFiles, job_environment
+from ssh_scheduler.coordinator.jobrun import JobRun, OutputFiles, job_environment
 from ssh_scheduler.errors import BatchError, ConfigError, TransferError, TransportError
+from ssh_scheduler.executors.base import RunRequest, ShellCommand
 from ssh_scheduler.executors.host import open_executor
 from ssh_scheduler.executors.session import DEFAULT_LEASE
-from ssh_scheduler.executors.transfer import CopyLimits, Hasher, collect_forward
-from ssh_scheduler.machines.config import Machine
+from ssh_scheduler.executors.transfer import CopyLimits
+from ssh_scheduler.jobs.forward import Hasher, collect_forward
+from ssh_scheduler.machines.machine_yaml import Machine
 
 __all__ = ["RemoteOptions", "default_job_name", "execute_remote"]
 
@@ -75,21 +77,19 @@ async def execute_remote(
     results.mkdir(parents=True, exist_ok=True)
     executor = await open_executor(machine, accept_new=options.accept_new, lease=options.lease)
     try:
-        gpus = options.gpus
-        spec = JobSpec(
-            name,
-            command,
-            executor.jobdir(secrets.token_hex(4), name),
-            job_environment(name, gpus),
-            forward,
-            results,
-            options.copy_backwards,
-            options.limits,
+        request = RunRequest(
+            name=name,
+            work=ShellCommand(command),
+            jobdir=executor.jobdir(secrets.token_hex(4), name),
+            env=job_environment(name, options.gpus),
             timeout=options.timeout,
+            forward=forward,
+            copy_backwards=options.copy_backwards,
+            limits=options.limits,
         )
         output = OutputFiles(results, name, mirror={1: list(stdout), 2: list(stderr)})
         output.open()
-        run = JobRun(executor, spec, output)
+        run = JobRun(executor, request, output, results)
         try:
             ended = await run.run()
         finally:

@@ -1,97 +1,35 @@
-"""Where jobs run: one interface, one module per kind of backend.
+"""A host as a place to run jobs: over SSH, or this machine, driven through our agent.
 
-An :class:`Executor` is one place jobs can run (today: a host reached over SSH, or this machine,
-both driven through our stdlib agent).  The coordinator and the per-job pipeline speak only to
-this interface: open it, probe it, stage inputs and run a job there, bring results back, close
-it.  A new backend (Slurm through a login node, say) is one more class with these methods.
+The agent runs each job in its own folder and process group, keeps its output on the host, and
+answers over one channel (:mod:`ssh_scheduler.executors.session`); inputs go through the host's
+content-addressed cache and results come back checked (:mod:`ssh_scheduler.executors.transfer`).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from ssh_scheduler.errors import ConfigError, ProbeError, TransportError
+from ssh_scheduler.executors.base import OutputSink, RunRequest, shell_line
 from ssh_scheduler.executors.session import DEFAULT_LEASE, HostSession, JobExit
+from ssh_scheduler.executors.stage_plan import StagePlan
 from ssh_scheduler.executors.transfer import (
     CopyBackReport,
     CopyLimits,
-    ForwardSet,
     HostCache,
     fetch_back,
     prepare_forward,
 )
-from ssh_scheduler.machines.config import Machine
+from ssh_scheduler.jobs.forward import ForwardSet
+from ssh_scheduler.jobs.needs import OwnUsage
+from ssh_scheduler.machines.machine_yaml import Machine
 from ssh_scheduler.machines.probe import PROBE_COMMAND, HostState, parse_probe_output
-from ssh_scheduler.planner.allocate import OwnUsage
-from ssh_scheduler.transport import Transport, connect, describe
+from ssh_scheduler.transport import connect
+from ssh_scheduler.transport.base import Transport, describe
 
-__all__ = ["AgentExecutor", "Executor", "open_executor"]
-
-OutputSink = Callable[[int, bytes], None]
-
-
-class Executor(Protocol):
-    """One place to run jobs.  Every method reports expected failures as data where it can
-    (a lost host ends a run with ``JobExit(host_lost=True)``) and raises
-    :class:`~ssh_scheduler.errors.TransportError` otherwise."""
-
-    machine: Machine
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def lost(self) -> str | None:
-        """Why the link to it is gone, or None while it is up."""
-
-    @property
-    def agent_jobs(self) -> dict[str, dict[str, Any]]:
-        """Jobs an earlier coordinator left there: job -> {"running": bool, ...}."""
-
-    @property
-    def bytes_sent(self) -> int: ...
-
-    @property
-    def files_sent(self) -> int: ...
-
-    def jobdir(self, token: str, job: str) -> str:
-        """The job's private folder there."""
-
-    async def probe(self) -> tuple[HostState, dict[str, OwnUsage]]: ...
-
-    async def stage(self, forward: ForwardSet) -> tuple[list[tuple[str, str]], list[str]]:
-        """Make sure the inputs are there; returns what the run request links into the job's
-        folder."""
-
-    async def run(
-        self,
-        job: str,
-        command: str,
-        *,
-        jobdir: str,
-        env: dict[str, str],
-        on_output: OutputSink,
-        stage: tuple[list[tuple[str, str]], list[str]] | None,
-        results: list[str] | None,
-        keep_output: bool = True,
-        max_output: int | None = None,
-    ) -> JobExit: ...
-
-    async def resume(self, job: str, offsets: tuple[int, int], on_output: OutputSink) -> JobExit: ...
-
-    async def kill(self, job: str) -> None: ...
-
-    async def fetch(
-        self, job: str, jobdir: str, dest: Any, paths: tuple[str, ...] | None, limits: CopyLimits, entries: object
-    ) -> CopyBackReport: ...
-
-    async def remove(self, jobdir: str, job: str | None = None, *, wait: bool = True) -> None: ...
-
-    async def sweep(self, prefix: str) -> None: ...
-
-    async def close(self) -> None: ...
+__all__ = ["AgentExecutor", "open_executor", "probe_only"]
 
 
 class AgentExecutor:
@@ -136,38 +74,32 @@ class AgentExecutor:
         }
         return state, usage
 
-    async def stage(self, forward: ForwardSet) -> tuple[list[tuple[str, str]], list[str]]:
+    async def stage(self, forward: ForwardSet) -> StagePlan:
         return await prepare_forward(self.cache, forward)
 
-    async def run(
-        self,
-        job: str,
-        command: str,
-        *,
-        jobdir: str,
-        env: dict[str, str],
-        on_output: OutputSink,
-        stage: tuple[list[tuple[str, str]], list[str]] | None,
-        results: list[str] | None,
-        keep_output: bool = True,
-        max_output: int | None = None,
-    ) -> JobExit:
+    async def run(self, request: RunRequest, on_output: OutputSink) -> JobExit:
+        # The inputs are in the host's cache and the one run request links them and starts the
+        # work: it runs from here, as far as the coordinator can tell (--timeout counts from here).
+        request.on_started("")
+        jobdir = request.jobdir
         return await self.session.run(
-            job,
-            command,
+            request.name,
+            shell_line(request),
             cwd=jobdir,
-            env=env,
+            env=request.env,
             # Output is also kept on the host, so a coordinator that reattaches catches up.
-            out_path=f"{jobdir}.out" if keep_output else None,
-            err_path=f"{jobdir}.err" if keep_output else None,
+            out_path=f"{jobdir}.out" if request.keep_output else None,
+            err_path=f"{jobdir}.err" if request.keep_output else None,
             on_output=on_output,
-            stage=stage,
-            results=results,
-            max_output=max_output,
+            stage=request.staged,
+            # The results listing comes with the exit (a round trip saved): of the paths to bring
+            # back, or of what the job created or changed.
+            results=list(request.copy_backwards or ()) or None,
+            max_output=request.limits.max_output_bytes,
         )
 
-    async def resume(self, job: str, offsets: tuple[int, int], on_output: OutputSink) -> JobExit:
-        return await self.session.resume(job, offsets, on_output)
+    async def resume(self, request: RunRequest, offsets: tuple[int, int], on_output: OutputSink) -> JobExit:
+        return await self.session.resume(request.name, offsets, on_output)
 
     async def kill(self, job: str) -> None:
         await self.session.kill(job)

@@ -18,6 +18,7 @@ from typing import Any, ClassVar, TypeVar
 
 from ssh_scheduler.agent import protocol as P
 from ssh_scheduler.errors import AgentStartError, ConnectionLostError, TransportError
+from ssh_scheduler.executors.stage_plan import StagePlan
 from ssh_scheduler.transport import AgentProcess, Transport, describe, printable
 
 DEFAULT_LEASE = 60.0
@@ -434,7 +435,7 @@ class HostSession:
         err_path: str | None,
         on_output: Callable[[int, bytes], None],
         on_started: Callable[[int], None] = lambda pid: None,
-        stage: tuple[list[tuple[str, str]], list[str]] | None = None,
+        stage: StagePlan | None = None,
         results: list[str] | bool | None = False,
         max_output: int | None = None,
     ) -> JobExit:
@@ -447,7 +448,7 @@ class HostSession:
         """
         request = P.Run(
             job=job, cmd=command, cwd=cwd, env=env, out=out_path, err=err_path,
-            stage=None if stage is None else P.Staging(files=_staged(stage[0]), dirs=stage[1]),
+            stage=None if stage is None else P.Staging(files=_staged(stage.files), dirs=stage.dirs),
             listing=results is not False,
             listing_paths=results if isinstance(results, list) else None,
             max_output=max_output,

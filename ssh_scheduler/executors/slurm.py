@@ -22,18 +22,20 @@ import os.path
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from ssh_scheduler.errors import ConnectionLostError, TransportError
-from ssh_scheduler.executors.host import AgentExecutor, OutputSink, open_executor
+from ssh_scheduler.executors.base import OutputSink, RunRequest, shell_line
+from ssh_scheduler.executors.host import AgentExecutor, open_executor
 from ssh_scheduler.executors.session import JobExit
 from ssh_scheduler.executors.slurm_array import ARRAY_MARK, parse_array_script
 from ssh_scheduler.executors.slurm_submit import Submitter
-from ssh_scheduler.jobs.needs import Needs
+from ssh_scheduler.executors.stage_plan import StagePlan
+from ssh_scheduler.jobs.needs import Needs, OwnUsage
 from ssh_scheduler.machines import slurm as S
-from ssh_scheduler.machines.config import Machine
+from ssh_scheduler.machines.machine_yaml import Machine
 from ssh_scheduler.machines.probe import HostState
-from ssh_scheduler.planner.allocate import OwnUsage
 
 __all__ = ["SlurmExecutor", "open_slurm_executor"]
 
@@ -77,10 +79,9 @@ class SlurmExecutor(AgentExecutor):
         self._failures = 0
         self._answered = False  # squeue ran once on the login node
         self._submitter = Submitter(self.name, settings, token, self._command, self._scancel)
-        self.needs: dict[str, Needs] = {}
-        self.timeouts: dict[str, float | None] = {}
-        self.on_running: dict[str, Callable[[], None]] = {}
-        """Called once when Slurm first runs the job (or it ended unseen between two queries)."""
+        self._on_running: dict[str, Callable[[], None]] = {}
+        """Each submitted job's started hook (its request's, with its Slurm id), called once when
+        Slurm first runs the job (or it ended unseen between two queries)."""
 
     # -- what differs from a plain host (the rest is AgentExecutor's: staging, fetching...) ----
 
@@ -110,54 +111,47 @@ class SlurmExecutor(AgentExecutor):
 
     # -- running -------------------------------------------------------------------------------
 
-    async def run(
-        self,
-        job: str,
-        command: str,
-        *,
-        jobdir: str,
-        env: dict[str, str],
-        on_output: OutputSink,
-        stage: tuple[list[tuple[str, str]], list[str]] | None,
-        results: list[str] | None,
-        keep_output: bool = True,
-        max_output: int | None = None,
-    ) -> JobExit:
-        """Submit the job and follow it to its end.  Cancelling this scancels it."""
+    async def run(self, request: RunRequest, on_output: OutputSink) -> JobExit:
+        """Submit the job (its needs and timeout become sbatch's options) and follow it to its
+        end; its started hook is called with its Slurm id once Slurm runs it (or at once, with
+        none, when sbatch refuses it: its end follows).  Cancelling this scancels it."""
+        job, jobdir = request.name, request.jobdir
         try:
-            needs = self.needs.get(job, Needs())
-            session = self.session
+            # Slurm runs the work on a node of its choosing: the inputs go into the job's folder
+            # on the shared filesystem now, not as the job starts.
             try:
-                await session.stage(jobdir, *(stage or ([], [])))
+                await self.session.stage(jobdir, *(request.staged or StagePlan([], [])))
             except ConnectionLostError as exc:
                 return JobExit(None, host_lost=True, message=str(exc))
+            needs = request.needs or Needs()
             argv = S.sbatch_argv(
                 self.settings,
                 name=S.job_name(self.token, job),
                 jobdir=jobdir,
                 needs=needs,
-                timeout=self.timeouts.get(job),
+                timeout=request.timeout,
             )
-            script = S.batch_script(command, env, gpus=needs.gpus)
+            script = S.batch_script(shell_line(request), request.env, gpus=needs.gpus)
             slurm_id, said, lost = await self._submitter.submit(job, jobdir, argv, script)
             if lost:
                 return JobExit(None, host_lost=True, message=said)
             if slurm_id is None:
                 said = " ".join(said.split())[-400:]
                 on_output(2, f"ssh_scheduler: sbatch refused it: {said}\n".encode())
-                self.on_running.pop(job, lambda: None)()
+                request.on_started("")
                 return JobExit(1, message=f"sbatch refused it: {said}")
             self.submitted[job] = slurm_id
+            self._on_running[job] = partial(request.on_started, slurm_id)
             log.info("submitted: %s is Slurm job %s on %s", job, slurm_id, self.name)
-            return await self._follow(job, slurm_id, jobdir, on_output, (0, 0), max_output)
-        finally:  # a job that never started (lost, refused) has nothing to announce later
-            self.on_running.pop(job, None)
+            return await self._follow(job, slurm_id, jobdir, on_output, (0, 0), request.limits.max_output_bytes)
+        finally:  # a job that never started (lost, cancelled) has nothing to announce later
+            self._on_running.pop(job, None)
 
-    async def resume(self, job: str, offsets: tuple[int, int], on_output: OutputSink) -> JobExit:
+    async def resume(self, request: RunRequest, offsets: tuple[int, int], on_output: OutputSink) -> JobExit:
         """Follow a job an earlier coordinator submitted (found in squeue by its name)."""
-        slurm_id, _status = self.found.pop(job)
-        self.submitted[job] = slurm_id
-        return await self._follow(job, slurm_id, self.jobdir(self.token, job), on_output, offsets)
+        slurm_id, _status = self.found.pop(request.name)
+        self.submitted[request.name] = slurm_id
+        return await self._follow(request.name, slurm_id, request.jobdir, on_output, offsets)
 
     async def _follow(
         self,
@@ -182,7 +176,7 @@ class SlurmExecutor(AgentExecutor):
             raise
         finally:
             self._tracked.pop(job, None)
-            self.on_running.pop(job, None)
+            self._on_running.pop(job, None)
 
     async def kill(self, job: str) -> None:
         slurm_id = self.submitted.get(job)
@@ -353,7 +347,7 @@ class SlurmExecutor(AgentExecutor):
                         message=f"Slurm no longer knows job {t.slurm_id}",
                     )
             if t.ended is not None or t.state in S.RUNNING_STATES:
-                self.on_running.pop(t.name, lambda: None)()
+                self._on_running.pop(t.name, lambda: None)()
             # the job's whole output is home before it counts as ended
             if t.ended is not None and not full and not t.done.done():
                 log.info(

@@ -30,6 +30,7 @@ from ssh_scheduler.agent.protocol import ManifestEntry, ProtocolError, decode_li
 from ssh_scheduler.errors import TransferError
 from ssh_scheduler.executors import bulk
 from ssh_scheduler.executors.session import HostSession
+from ssh_scheduler.executors.stage_plan import StagePlan
 
 # The walk, secrets, ignore file and size check live in the pure module forward; these names
 # stay importable from here.
@@ -103,13 +104,11 @@ async def send_forward(cache: HostCache, forward: ForwardSet, jobdir: str) -> No
     await cache.host.stage(jobdir, *await prepare_forward(cache, forward))
 
 
-async def prepare_forward(
-    cache: HostCache, forward: ForwardSet
-) -> tuple[list[tuple[str, str]], list[str]]:
+async def prepare_forward(cache: HostCache, forward: ForwardSet) -> StagePlan:
     """Make sure the host's cache holds every input; returns what to stage (files, dirs), for
     ``HostSession.stage`` or for the run request itself."""
     await cache.ensure(forward.files)
-    return [(f.rel, f.key) for f in forward.files], list(forward.dirs)
+    return StagePlan([(f.rel, f.key) for f in forward.files], list(forward.dirs))
 
 
 # --- back ----------------------------------------------------------------------------------------

@@ -1,0 +1,155 @@
+"""Each placed job's task in a batch: from the planner's StartJob to its commit (or discard).
+
+The job is described once, as the :class:`~ssh_scheduler.executors.base.RunRequest` every
+backend gets, and run through the one per-job pipeline
+(:class:`~ssh_scheduler.coordinator.jobrun.JobRun`); the planner hears when it really started
+(the request's started hook: on a Slurm machine, once Slurm runs it), how it ended, and what
+came home.  Nothing here knows which backend runs the job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from ssh_scheduler.coordinator.batch_run import BatchOptions
+from ssh_scheduler.coordinator.jobrun import JobRun, OutputFiles, job_environment
+from ssh_scheduler.errors import SchedulerError, TransportError
+from ssh_scheduler.events import Ended, EventBus, Notice
+from ssh_scheduler.executors.base import Executor, RunRequest, ShellCommand
+from ssh_scheduler.jobs.forward import ForwardSet, Hasher, collect_forward
+from ssh_scheduler.machines.machine_yaml import Machine
+from ssh_scheduler.planner.actions import Action, Commit, Discard, StartJob
+from ssh_scheduler.planner.plan import Planner
+
+__all__ = ["JobTasks"]
+
+log = logging.getLogger(__name__)
+
+
+class JobTasks:
+    """The batch's job attempts: :meth:`run` is one attempt's task (the batch spawns it),
+    :attr:`runs` the attempts running now (a ``--timeout`` kill stops one), :meth:`forward` the
+    copy-forward sets, hashed once per batch."""
+
+    def __init__(
+        self,
+        planner: Planner,
+        executors: dict[str, Executor],
+        machines: dict[str, Machine],
+        options: BatchOptions,
+        *,
+        token: str,
+        bus: EventBus,
+        perform: Callable[[Sequence[Action]], None],
+    ) -> None:
+        self.planner = planner
+        self.executors = executors  # the hosts' (hosts.py), as they are now
+        self.machines = machines
+        self.options = options
+        self.token = token
+        self.bus = bus
+        self._perform = perform
+        self.runs: dict[str, JobRun] = {}
+        self.hasher = Hasher()
+        self.forward_sets: dict[tuple[str, ...], ForwardSet] = {}
+
+    def forward(self, paths: tuple[str, ...]) -> ForwardSet:
+        """The copy-forward set of these paths, walked and hashed the first time (blocking: call
+        it off the event loop unless it is known)."""
+        found = self.forward_sets.get(paths)
+        if found is None:
+            found = collect_forward(paths, self.options.base_dir, self.hasher, policy=self.options.forward)
+            self.forward_sets[paths] = found
+        return found
+
+    async def cleanup(self, host: str, name: str) -> None:
+        executor = self.executors.get(host)
+        if executor is not None:
+            with contextlib.suppress(TransportError):
+                await executor.remove(executor.jobdir(self.token, name), name)
+
+    def request(self, start: StartJob, executor: Executor, forward: ForwardSet) -> RunRequest:
+        """What the job's backend gets, whatever it is."""
+        planner, job, options = self.planner, start.job, self.options
+        name = job.name
+        machine = self.machines[start.placement.machine]
+
+        def started(name_there: str) -> None:
+            # The planner's --timeout counts from here; on Slurm it names the Slurm job.
+            self._perform(planner.job_started(name, time.time(), name_there))
+
+        return RunRequest(
+            name=name,
+            work=ShellCommand(job.command),
+            jobdir=executor.jobdir(self.token, name),
+            env={**dict(machine.env), **job_environment(name, start.placement.gpu_indices)},
+            setup=machine.setup,
+            needs=planner.jobs[name].needs,
+            gpus=start.placement.gpu_indices,
+            timeout=options.timeout,
+            forward=forward,
+            copy_backwards=job.copy_backwards if job.copy_backwards is not None else options.copy_backwards,
+            limits=options.limits,
+            on_started=started,
+        )
+
+    async def run(self, start: StartJob) -> None:
+        """One attempt of one job, from staging to its final state."""
+        planner, job, options = self.planner, start.job, self.options
+        name = job.name
+        executor = self.executors[start.placement.machine]
+        key = job.copy_forwards if job.copy_forwards is not None else options.copy_forwards
+        forward = self.forward_sets.get(key)
+        if forward is None:  # hashing new inputs: off the event loop
+            forward = await asyncio.to_thread(self.forward, key)
+        request = self.request(start, executor, forward)
+        output = OutputFiles(
+            options.results_dir, name, append=start.resume, mirror={1: [1], 2: [2]} if options.echo_output else {}
+        )
+        # The planner kills on --timeout (KillJob, then run.stop), counting from the started hook.
+        run = self.runs[name] = JobRun(executor, request, output, options.results_dir, enforce_timeout=False)
+        try:
+            try:
+                output.open()
+            except SchedulerError as exc:
+                ended = Ended(None, message=str(exc))
+            else:
+                try:
+
+                    def staged() -> None:
+                        log.info("sent: %s's inputs are on %s (%d bytes sent there so far)", name, executor.name, executor.bytes_sent)
+
+                    ended = await run.run(resume=start.resume, on_staged=staged)
+                finally:
+                    output.close()
+            if planner.killed_for(name) == "timeout" and not ended.host_lost:
+                ended = planner.timed_out(name)
+            actions = planner.job_exited(name, ended)
+            self._perform([a for a in actions if not isinstance(a, Commit | Discard)])
+            if any(isinstance(a, Discard) for a in actions):
+                await run.discard()
+                return
+            if not any(isinstance(a, Commit) for a in actions):
+                return
+            received = 0
+            if ended.code is not None:
+                report, problem = await run.commit()
+                if report is not None:
+                    received = report.bytes
+                    log.info("received: %s, %d bytes from %s", name, received, executor.name)
+                    for warning in report.warnings:
+                        self.bus.publish(Notice(level="warning", message=f"{name}: {warning}", job=name))
+                if problem is not None:
+                    self.bus.publish(Notice(level="error", message=f"{name}: copy back failed: {problem}", job=name))
+                    ended = replace(ended, code=ended.code or 1, message=problem)
+            self._perform(planner.job_committed(name, ended, received, time.time()))
+        except asyncio.CancelledError:
+            self._perform(planner.job_cancelled(name))
+            with contextlib.suppress(Exception):
+                await asyncio.shield(asyncio.wait_for(executor.remove(request.jobdir, name), 10))
+            raise
