@@ -25,7 +25,8 @@ from ssh_scheduler.executors.transfer import (
 from ssh_scheduler.machines.config import Machine
 from ssh_scheduler.machines.probe import PROBE_COMMAND, HostState, parse_probe_output
 from ssh_scheduler.planner.allocate import OwnUsage
-from ssh_scheduler.transport import Transport, connect, describe
+from ssh_scheduler.transport.base import Transport, describe
+from ssh_scheduler.transport.ssh import connect
 
 __all__ = ["AgentExecutor", "Executor", "open_executor"]
 
@@ -95,7 +96,7 @@ class Executor(Protocol):
 
 
 class AgentExecutor:
-    """A host (over SSH, or this machine through :class:`~ssh_scheduler.transport.LocalTransport`)
+    """A host (over SSH, or this machine through :class:`~ssh_scheduler.transport.local.LocalTransport`)
     driven by our agent over one channel."""
 
     def __init__(self, transport: Transport, session: HostSession) -> None:
