@@ -14,6 +14,7 @@ import pytest
 
 from ssh_scheduler.agent import protocol as P
 from ssh_scheduler.agent import wire as W
+from ssh_scheduler.agent.main import Agent
 from ssh_scheduler.errors import ConfigError
 from ssh_scheduler.executors.slurm_jobs import (
     batch_script,
@@ -338,3 +339,14 @@ def test_an_array_runs_each_task_in_its_own_jobs_folder(tmp_path: Path) -> None:
         env = {"SLURM_ARRAY_TASK_ID": str(n), "PATH": "/usr/bin:/bin"}
         subprocess.run(["/bin/sh", str(tmp_path / "t-@a.array")], env=env, check=True)
         assert Path(folder + ".out").read_text() == f"task {n} in {folder}\n"
+
+
+async def test_a_slurm_command_that_hangs_is_killed_and_said(tmp_path: Path) -> None:
+    """squeue stuck on a controller that never answers: the agent kills it after its timeout
+    and answers with why, instead of holding the query (and every job's end) forever."""
+    agent = Agent(str(tmp_path / "root"), "tok")
+    rc, said = await agent.run_command(["sleep", "30"], timeout=0.2)
+    assert (rc, said) == (127, "sleep: no answer within 0.2 s")
+    assert agent.children == set() and agent.spawning == 0
+    assert await agent.run_command(["/nonexistent/squeue"]) == (
+        127, "/nonexistent/squeue: [Errno 2] No such file or directory: '/nonexistent/squeue'")

@@ -264,7 +264,10 @@ class Agent(JobSupervision, FileOperations):
         try:
             out, err = await asyncio.wait_for(proc.communicate(), timeout)
         except asyncio.TimeoutError:
-            proc.kill()
+            try:
+                proc.kill()
+            except ProcessLookupError:
+                pass
             await proc.wait()
             return 127, "%s: no answer within %g s" % (argv[0], timeout)
         finally:
