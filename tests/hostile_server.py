@@ -1,9 +1,11 @@
 """A hostile SSH/SFTP server, run in-process with asyncssh, that impersonates the host agent.
 
 It listens on 127.0.0.1 (port 0) with a fresh host key and accepts one generated client key.
-A command starting with ``exec python3 -u -I -S -c`` (``transport.agent_bootstrap``) gets an agent that
-speaks the protocol of ``ssh_scheduler/agent/protocol.py`` (its own classes) but answers ``manifest`` with
-whatever the test put in :attr:`HostileServer.scenarios` for that job; the SFTP subsystem serves
+A command starting with ``exec python3 -u -I -S -c`` (``transport.bootstrap.agent_start``) gets an agent
+that reads the agent's code from its stdin as the first stage does (exactly the size its command
+line gives, kept in :attr:`HostileServer.agent_code`), then speaks the protocol of
+``ssh_scheduler/agent/protocol.py`` (its own classes) but answers ``manifest`` with whatever the
+test put in :attr:`HostileServer.scenarios` for that job; the SFTP subsystem serves
 file contents from memory (or forever, for :data:`ENDLESS`) and never touches the local disk.
 
 Nothing here writes to the file system except the key files the test asks for.
@@ -15,6 +17,7 @@ import asyncio
 import base64
 import contextlib
 import os
+import shlex
 import subprocess
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -24,6 +27,7 @@ from typing import Any
 import asyncssh
 
 from ssh_scheduler.agent import protocol as P
+from ssh_scheduler.agent import wire as W
 from ssh_scheduler.machines.config import Machine
 from ssh_scheduler.machines.probe import PROBE_SCRIPT
 
@@ -84,8 +88,9 @@ class HostileServer:
         self.on_read: Callable[[str], None] | None = None  # called with each path read (SFTP or fetch)
         self.opened: list[str] = []  # every path the client asked the SFTP server to open
         self.uploaded: dict[str, bytes] = {}
-        self.requests: list[P.Request] = []  # every agent request seen
+        self.requests: list[W.Request] = []  # every agent request seen
         self.commands: list[str] = []  # every exec'd command
+        self.agent_code: list[bytes] = []  # what each agent start sent before the protocol
         self.server: Any = None
         self.port = 0
         self.host_key = asyncssh.generate_private_key("ssh-ed25519")
@@ -162,14 +167,17 @@ class HostileServer:
     async def _agent(self, process: asyncssh.SSHServerProcess[bytes]) -> None:
         # Built with the protocol's own classes, whose encode checks nothing: that is how this
         # server sends ill-typed fields (a listing that is not a list, a number for names).
-        def send(message: P.Message) -> None:
+        def send(message: W.Message) -> None:
             process.stdout.write(message.encode())
 
+        # The first stage's last argument is the size of the code that comes first on stdin.
+        size = int(shlex.split(process.command or "")[-1])
+        self.agent_code.append(await process.stdin.readexactly(size))
         while True:
             line = await process.stdin.readline()
             if not line:
                 return
-            req = P.decode_request(line)
+            req = W.decode_request(line)
             self.requests.append(req)
             if isinstance(req, P.Hello) and self.endless_hello:
                 process.stdout.write(b'{"ev":"hello","root":"')
@@ -184,7 +192,7 @@ class HostileServer:
                 send(message)
             await process.stdout.drain()
 
-    def _answer(self, req: P.Request) -> list[P.Message]:
+    def _answer(self, req: W.Request) -> list[W.Message]:
         """What this host says to one request (every request type of the protocol)."""
         rid = req.id
         if isinstance(req, P.Hello):
@@ -202,7 +210,7 @@ class HostileServer:
             return [P.Staged(id=rid)]
         if isinstance(req, P.Run):
             scenario = self.scenario_for(req.cwd)
-            events: list[P.Message] = [P.Started(job=req.job, pid=4243)]
+            events: list[W.Message] = [P.Started(job=req.job, pid=4243)]
             if scenario.output:
                 data = base64.b64encode(scenario.output).decode()
                 events.append(P.Output(job=req.job, fd=1, data=data))
@@ -226,11 +234,13 @@ class HostileServer:
             return [P.PutReply(id=rid)]
         if isinstance(req, P.Fetch):
             return self._fetch(req)
+        if isinstance(req, P.SlurmQuery):  # no Slurm here: squeue "fails"
+            return [P.SlurmReply(id=rid, rc=127, squeue="hostile: squeue: not found")]
         if isinstance(req, (P.Ping, P.Kill, P.Resume, P.Bye)):
             return []  # nothing to say: no job here ever runs, so none is killed or resumed
         return [P.Error(id=rid, message=f"unknown op {req.TAG!r}")]
 
-    def _fetch(self, req: P.Fetch) -> list[P.Message]:
+    def _fetch(self, req: P.Fetch) -> list[W.Message]:
         """Small files in bulk, from the same contents the SFTP server serves: an endless file
         sends past the limit, a stalled one leaves the whole request unanswered."""
         blobs = []

@@ -18,7 +18,9 @@ import pytest
 
 from ssh_scheduler.errors import ConfigError, TransportError
 from ssh_scheduler.machines.config import Machine, load_machine
-from ssh_scheduler.transport import algorithm_options, connect, known_hosts_name
+from ssh_scheduler.transport.auth import algorithm_options
+from ssh_scheduler.transport.hostkeys import known_hosts_name
+from ssh_scheduler.transport.ssh import connect
 from tests.cluster import Cluster, Host, HostSpec
 
 MODERN = Machine(name="m", host="127.0.0.1")

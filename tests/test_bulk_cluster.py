@@ -24,12 +24,13 @@ import pytest
 from ssh_scheduler.agent import hostguard as G
 from ssh_scheduler.agent import main as agent
 from ssh_scheduler.agent import protocol as P
+from ssh_scheduler.agent import wire as W
 from ssh_scheduler.coordinator.batch import BatchOptions, BatchSummary, run_batch
 from ssh_scheduler.executors import bulk
 from ssh_scheduler.jobs.batch_file import Job
 from ssh_scheduler.machines.config import load_machine
 from ssh_scheduler.planner.allocate import Needs
-from ssh_scheduler.transport import SSHTransport
+from ssh_scheduler.transport.ssh import SSHTransport
 from tests.cluster import Cluster
 
 N_FILES = 3000
@@ -183,7 +184,7 @@ class Captured:
 
     def answer(self) -> Any:
         (line,) = self.lines
-        return P.decode_answer(line)
+        return W.decode_answer(line)
 
 
 def agent_in(tmp_path: Path) -> tuple[agent.Agent, Captured]:

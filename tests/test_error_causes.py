@@ -1,7 +1,7 @@
 """Errors that name the cause, through the real CLI on the SSH test cluster: a host that is
-reached but cannot run our agent (no python3 on the login PATH, a read-only home) says what
-failed there and the fix, not "no host could be reached"; and every command runs user commands
-with the same shell (bash without ~/.bashrc), whatever the login shell."""
+reached but cannot run our agent (no python3 on the login PATH, one too old, a read-only home)
+says what failed there and the fix, not "no host could be reached"; and every command runs user
+commands with the same shell (bash without ~/.bashrc), whatever the login shell."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from ssh_scheduler.machines.machine_yaml import (
     MACHINE_KEYS,
 )
 from tests.cluster import Cluster, HostSpec
+from tests.test_agent_boot import TOO_OLD, old_python
 from tests.test_fleet_unit import finish, start_killable
 from tests.test_view_cluster import NO_GPU, cli, machine_variant
 
@@ -85,6 +86,23 @@ def test_hosts_reached_but_unusable_say_why_and_the_fix(make_cluster: Callable[.
     done = cli(tmp_path, "execute_batch", "b.sh", "--machines", str(fixed), *NO_GPU, "--results-dir", "r3")
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "r3" / "b.sh.1.out").read_text() == "hi\n"
+
+
+@pytest.mark.namespaces
+def test_a_python3_too_old_for_the_agent_is_named_with_the_fix(make_cluster: Callable[..., Cluster], tmp_path: Path) -> None:
+    cluster = make_cluster(1)
+    host = cluster.hosts[0]
+    (host.home / "oldpy").mkdir()
+    old_python(host.home / "oldpy", "/usr/bin/python3")
+    (host.home / ".bashrc").write_text(f"PATH={host.home}/oldpy:$PATH\n")
+    probe = subprocess.run(host.ssh_argv("python3 -c 'import sys; print(sys.version_info[:2])'"), capture_output=True, text=True, timeout=30)
+    assert probe.stdout.strip() == "(3, 6)"  # the fault is real: that login's python3 says 3.6
+    (tmp_path / "b.sh").write_text("echo hi\n")
+    done = cli(tmp_path, "execute_batch", "b.sh", "--machines", str(cluster.machine_files[0]), *NO_GPU)
+    cause = f"{host.name}: {TOO_OLD}"
+    assert (done.returncode, done.stdout, done.stderr.splitlines()) == (255, "", [
+        f"warning: {cause}", f"error: no host could be used, nothing was run: {cause}",
+    ])
 
 
 @pytest.mark.namespaces

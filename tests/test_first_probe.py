@@ -16,22 +16,23 @@ from pathlib import Path
 import pytest
 
 from ssh_scheduler.agent import protocol as P
+from ssh_scheduler.agent import wire as W
 from ssh_scheduler.coordinator.batch import BatchOptions, run_batch
 from ssh_scheduler.executors.host import open_executor
 from ssh_scheduler.jobs.batch_file import Job
 from ssh_scheduler.planner.allocate import Needs
-from ssh_scheduler.transport import agent_bootstrap
+from ssh_scheduler.transport.bootstrap import agent_start
 from tests.hostile_server import HostileServer, hostile_server
 
 
-def agent_answers(tmp_path: Path, requests: list[P.Request], count: int) -> tuple[list[P.Message], bytes]:
+def agent_answers(tmp_path: Path, requests: list[W.Request], count: int) -> tuple[list[W.Message], bytes]:
     """``count`` answers of the shipped agent to these requests, and what it said after them."""
-    command = agent_bootstrap(sys.executable, str(tmp_path / "root"))
-    with subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE) as proc:
+    start = agent_start(sys.executable, str(tmp_path / "root"))
+    with subprocess.Popen(["/bin/sh", "-c", start.command], stdin=subprocess.PIPE, stdout=subprocess.PIPE) as proc:
         assert proc.stdin is not None and proc.stdout is not None
-        proc.stdin.write(b"".join(r.encode() for r in requests))
+        proc.stdin.write(start.payload + b"".join(r.encode() for r in requests))
         proc.stdin.flush()
-        answers = [P.decode_answer(proc.stdout.readline()) for _ in range(count)]
+        answers = [W.decode_answer(proc.stdout.readline()) for _ in range(count)]
         proc.stdin.write(P.Bye().encode())
         proc.stdin.close()
         rest = proc.stdout.read()

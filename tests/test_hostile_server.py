@@ -17,7 +17,6 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-import ssh_scheduler.transport
 from ssh_scheduler.agent import protocol as P
 from ssh_scheduler.coordinator.batch import BatchOptions, run_batch
 from ssh_scheduler.coordinator.remote import RemoteOptions, execute_remote
@@ -25,6 +24,7 @@ from ssh_scheduler.errors import TransferError, TransportError
 from ssh_scheduler.executors.transfer import CopyLimits, link_stays_inside, safe_relpath
 from ssh_scheduler.jobs.batch_file import Job
 from ssh_scheduler.planner.allocate import Needs
+from ssh_scheduler.transport import ssh
 from tests.hostile_server import ENDLESS, STALL, HostileServer, Scenario, hostile_server
 
 # Paths a careless client would create when following the hostile names literally.
@@ -263,7 +263,7 @@ async def test_a_stalled_download_is_abandoned(
 ) -> None:
     """A file that never delivers (an idle FIFO on the host) times out; the rest still comes."""
     warned: list[str] = []
-    monkeypatch.setattr(ssh_scheduler.transport, "SFTP_READ_TIMEOUT", 0.5)
+    monkeypatch.setattr(ssh, "SFTP_READ_TIMEOUT", 0.5)
     hostile.scenarios["stall"] = Scenario(
         entries=[["fifo_as_file", "file", 0, 0o644, None], ["after", "file", 5, 0o644, None]],
         contents={"fifo_as_file": STALL},

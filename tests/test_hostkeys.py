@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from ssh_scheduler.errors import AuthenticationError, HostKeyError
-from ssh_scheduler.transport import connect
+from ssh_scheduler.transport.ssh import connect
 from tests.cluster import Cluster, Host
 from tests.hostile_server import HostileServer, hostile_server
 from tests.ssh_reference import account_env

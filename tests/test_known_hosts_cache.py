@@ -13,8 +13,9 @@ import asyncssh
 import pytest
 
 from ssh_scheduler.errors import HostKeyError
-from ssh_scheduler.transport import connect, hostkeys
+from ssh_scheduler.transport import hostkeys
 from ssh_scheduler.transport.hostkeys import KnownHosts
+from ssh_scheduler.transport.ssh import connect
 from tests.hostile_server import HostileServer, hostile_server
 
 

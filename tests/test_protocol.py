@@ -3,26 +3,25 @@ round-trips, and a malformed line is a ProtocolError naming what is wrong, never
 
 from __future__ import annotations
 
-import base64
 import inspect
 import json
 import subprocess
 import sys
-import zlib
 from typing import Any
 
 import pytest
 
 from ssh_scheduler.agent import main as agent
 from ssh_scheduler.agent import protocol as P
+from ssh_scheduler.agent import wire as W
 from ssh_scheduler.executors import session as runner
-from ssh_scheduler.transport import agent_bootstrap
+from ssh_scheduler.transport.bootstrap import agent_start
 from tests.hostile_server import HostileServer
 
-REQUESTS = sorted(P.REQUESTS.values(), key=lambda c: c.TAG)
-ANSWERS = sorted(P.ANSWERS.values(), key=lambda c: c.TAG)
-EVENTS = [c for c in ANSWERS if issubclass(c, P.Event)]
-REPLIES = [c for c in ANSWERS if not issubclass(c, P.Event)]
+REQUESTS = sorted(W.REQUESTS.values(), key=lambda c: c.TAG)
+ANSWERS = sorted(W.ANSWERS.values(), key=lambda c: c.TAG)
+EVENTS = [c for c in ANSWERS if issubclass(c, W.Event)]
+REPLIES = [c for c in ANSWERS if not issubclass(c, W.Event)]
 
 # One well-formed value per annotation, to build an instance of every message.
 SAMPLES: dict[str, Any] = {
@@ -44,10 +43,12 @@ SAMPLES: dict[str, Any] = {
     "Optional[Probe]": P.Probe(id=12, cmd="echo p"),
     "Optional[Staging]": P.Staging(files=[P.StagedFile(rel="c", key="h-x")], dirs=["d"]),
     "List[Blob]": [P.Blob(name="k1", data="aGk="), P.Blob(name="k2", error="gone")],
+    "List[OutputAt]": [P.OutputAt(job="j", rest="a", out=1, err=2)],
+    "List[OutputChunk]": [P.OutputChunk(job="j", fd=2, data="aGk=")],
 }
 
 
-def sample(cls: type[P.Message]) -> P.Message:
+def sample(cls: type[W.Message]) -> W.Message:
     hints: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         hints.update(inspect.get_annotations(klass))
@@ -68,7 +69,7 @@ def test_every_answer_is_decoded_by_the_coordinator() -> None:
     assert [c.TAG for c in REPLIES if c not in awaited and c is not P.Error] == []
     handled = runner.HostSession._job_events
     assert [c.TAG for c in EVENTS if c not in handled] == []
-    assert all(issubclass(reply, P.Reply) for reply in awaited)
+    assert all(issubclass(reply, W.Reply) for reply in awaited)
 
 
 def test_the_hostile_server_answers_every_request(tmp_path: Any) -> None:
@@ -79,15 +80,15 @@ def test_the_hostile_server_answers_every_request(tmp_path: Any) -> None:
             message = P.Run(job="j", cmd="c", cwd="/x/jobs/t-j", listing=True)
         for answer in server._answer(message):  # type: ignore[arg-type]
             assert not isinstance(answer, P.Error), cls.TAG
-            assert P.decode_answer(answer.encode()) == answer or answer.TAG == "probe"
+            assert W.decode_answer(answer.encode()) == answer or answer.TAG == "probe"
 
 
 @pytest.mark.parametrize("cls", REQUESTS + ANSWERS, ids=lambda c: f"{c.KIND}:{c.TAG}")
-def test_round_trip(cls: type[P.Message]) -> None:
+def test_round_trip(cls: type[W.Message]) -> None:
     message = sample(cls)
     line = message.encode()
     assert line.endswith(b"\n") and line.count(b"\n") == 1
-    decode = P.decode_request if issubclass(cls, P.Request) else P.decode_answer
+    decode = W.decode_request if issubclass(cls, W.Request) else W.decode_answer
     assert decode(line) == message
     raw = json.loads(line)
     assert raw[cls.KIND] == cls.TAG and raw["id"] == 11
@@ -100,7 +101,7 @@ def test_records_and_listings_use_named_fields() -> None:
                                   ["m", "file", 1, True, None]])
     assert good == [entry, P.ManifestEntry(path="l", kind="link", size=0, mode=0o777, link="f")]
     assert bad == 3
-    with pytest.raises(P.ProtocolError, match="not a list"):
+    with pytest.raises(W.ProtocolError, match="not a list"):
         P.decode_listing({"not": "a list"})
 
 
@@ -124,33 +125,33 @@ def test_records_and_listings_use_named_fields() -> None:
     ],
 )
 def test_malformed_answers_are_protocol_errors(line: bytes, needle: str, rid: int | None, job: str | None) -> None:
-    with pytest.raises(P.ProtocolError) as info:
-        P.decode_answer(line)
+    with pytest.raises(W.ProtocolError) as info:
+        W.decode_answer(line)
     assert needle in str(info.value)
     assert (info.value.id, info.value.job) == (rid, job)
 
 
 def test_malformed_requests_are_protocol_errors() -> None:
-    with pytest.raises(P.ProtocolError, match=r"'run'.stage.files\[0\]: expected a list of 2 items"):
-        P.decode_request(b'{"op": "run", "job": "j", "cmd": "c", "cwd": "/", "stage": {"files": [["a"]]}}')
-    with pytest.raises(P.ProtocolError, match=r"'kill'\.grace: expected a number, got str"):
-        P.decode_request(b'{"op": "kill", "job": "j", "grace": "5"}')
-    assert P.decode_request(b'{"op": "kill", "job": "j", "grace": 5}') == P.Kill(job="j", grace=5.0)
+    with pytest.raises(W.ProtocolError, match=r"'run'.stage.files\[0\]: expected a list of 2 items"):
+        W.decode_request(b'{"op": "run", "job": "j", "cmd": "c", "cwd": "/", "stage": {"files": [["a"]]}}')
+    with pytest.raises(W.ProtocolError, match=r"'kill'\.grace: expected a number, got str"):
+        W.decode_request(b'{"op": "kill", "job": "j", "grace": "5"}')
+    assert W.decode_request(b'{"op": "kill", "job": "j", "grace": 5}') == P.Kill(job="j", grace=5.0)
 
 
 def test_the_agent_answers_a_malformed_request_with_an_error(tmp_path: Any) -> None:
-    """The shipped agent (protocol.py and agent.py in one blob) reads requests from stdin."""
+    """The shipped agent (started as a host starts it) reads requests from stdin."""
     requests = b"".join([
         b'{"op": "probe", "id": 1, "cmd": 5}\n',
         b'{"op": "fly", "id": 2}\n',
         P.Probe(id=3, cmd="echo hi").encode(),
     ])
-    command = agent_bootstrap(sys.executable, str(tmp_path / "root"))
-    with subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE) as proc:
+    start = agent_start(sys.executable, str(tmp_path / "root"))
+    with subprocess.Popen(["/bin/sh", "-c", start.command], stdin=subprocess.PIPE, stdout=subprocess.PIPE) as proc:
         assert proc.stdin is not None and proc.stdout is not None
-        proc.stdin.write(requests)
+        proc.stdin.write(start.payload + requests)
         proc.stdin.flush()
-        answers = [P.decode_answer(proc.stdout.readline()) for _ in range(3)]
+        answers = [W.decode_answer(proc.stdout.readline()) for _ in range(3)]
         proc.stdin.write(P.Bye().encode())
         proc.stdin.close()
         assert proc.wait(timeout=60) == 0
@@ -159,12 +160,3 @@ def test_the_agent_answers_a_malformed_request_with_an_error(tmp_path: Any) -> N
     assert isinstance(by_id[2], P.Error) and "unknown op 'fly'" in by_id[2].message
     reply = by_id[3]
     assert isinstance(reply, P.ProbeReply) and (reply.out, reply.rc) == ("hi\n", 0)
-
-
-def test_protocol_and_agent_travel_as_one_blob() -> None:
-    command = agent_bootstrap("python3", "~/.ssh_scheduler", "tok")
-    blob = command.split()[-4]
-    parts = zlib.decompress(base64.b64decode(blob)).split(b"\0")
-    assert [part.split(b"\n", 1)[0][:24] for part in parts] == [
-        b'"""The agent protocol: e', b'"""The agent\'s defences ', b'"""The agent\'s plumbing ',
-        b'"""The host agent: a sma']

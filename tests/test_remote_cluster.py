@@ -14,7 +14,7 @@ import yaml
 
 from ssh_scheduler.machines.config import load_machine
 from ssh_scheduler.machines.probe import PROBE_COMMAND, parse_gpu_query, parse_probe_output
-from ssh_scheduler.transport import connect
+from ssh_scheduler.transport.ssh import connect
 from tests.captures import capture
 from tests.cluster import Cluster, GpuSpec, HostSpec
 

@@ -26,10 +26,11 @@ import yaml
 
 from ssh_scheduler.agent import hostguard
 from ssh_scheduler.agent import protocol as P
+from ssh_scheduler.agent.boot import MODULES
 from ssh_scheduler.coordinator.remote import RemoteOptions, execute_remote
 from ssh_scheduler.errors import TransportError
 from ssh_scheduler.executors.session import root_matches
-from ssh_scheduler.transport import agent_bootstrap
+from ssh_scheduler.transport.bootstrap import agent_start
 from tests.cluster import Cluster, Host
 from tests.hostile_server import HostileServer
 from tests.live_batch import EXECUTE_BATCH, batch_env, batch_processes, journal, run_batch
@@ -185,8 +186,9 @@ def test_no_socket_outside_the_private_root(cluster4: Cluster, tmp_path: Path) -
 
 def test_a_token_that_climbs_out_is_refused_by_the_agent(cluster4: Cluster) -> None:
     host = cluster4["h2"]
-    result = host.ssh(agent_bootstrap("python3", "~/.ssh_scheduler", "../../../../tmp/evil"))
-    assert "refused to start" in result.stdout and "not a plain name" in result.stdout
+    start = agent_start("python3", "~/.ssh_scheduler", "../../../../tmp/evil")
+    result = subprocess.run(host.ssh_argv(start.command), input=start.payload, capture_output=True, timeout=30, check=False)
+    assert b"refused to start" in result.stdout and b"not a plain name" in result.stdout
     assert host.run("test -e /tmp/evil.sock").returncode != 0
 
 
@@ -350,8 +352,8 @@ def test_the_agent_refuses_a_work_root_others_may_write(tmp_path: Path, mode: in
     root = tmp_path / "shared"
     root.mkdir()
     root.chmod(mode)
-    done = subprocess.run(["/bin/sh", "-c", agent_bootstrap(sys.executable, str(root))],
-                          input=b"", capture_output=True, timeout=60, check=False)
+    start = agent_start(sys.executable, str(root))
+    done = subprocess.run(["/bin/sh", "-c", start.command], input=start.payload, capture_output=True, timeout=60, check=False)
     assert done.returncode == 2
     assert done.stdout.decode() == (
         f"ssh_scheduler agent refused to start: {root} is writable by other users (mode "
@@ -364,8 +366,8 @@ def test_the_agent_refuses_a_symlinked_subfolder(tmp_path: Path) -> None:
     root.mkdir(mode=0o700)
     (tmp_path / "elsewhere").mkdir()
     (root / "jobs").symlink_to(tmp_path / "elsewhere")
-    done = subprocess.run(["/bin/sh", "-c", agent_bootstrap(sys.executable, str(root))],
-                          input=b"", capture_output=True, timeout=60, check=False)
+    start = agent_start(sys.executable, str(root))
+    done = subprocess.run(["/bin/sh", "-c", start.command], input=start.payload, capture_output=True, timeout=60, check=False)
     assert done.returncode == 2
     assert f"{root}/jobs is not a folder (a symlink or a file)" in done.stdout.decode()
 
@@ -374,12 +376,12 @@ def test_compiled_code_is_loaded_only_from_a_private_file(tmp_path: Path) -> Non
     """The agent keeps its compiled code in the work root; a copy others could have written is
     never run (and is replaced)."""
     root = tmp_path / "root"
-    command = agent_bootstrap(sys.executable, str(root))
+    agent = agent_start(sys.executable, str(root))
 
     def start() -> str:
-        with subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE) as proc:
+        with subprocess.Popen(["/bin/sh", "-c", agent.command], stdin=subprocess.PIPE, stdout=subprocess.PIPE) as proc:
             assert proc.stdin is not None and proc.stdout is not None
-            proc.stdin.write(P.Hello(id=1, lease=5).encode())
+            proc.stdin.write(agent.payload + P.Hello(id=1, lease=5).encode())
             proc.stdin.flush()
             answer = proc.stdout.readline().decode()
             proc.stdin.write(P.Bye().encode())
@@ -393,7 +395,7 @@ def test_compiled_code_is_loaded_only_from_a_private_file(tmp_path: Path) -> Non
     assert '"ev":"hello"' in start()  # loaded from the kept code
     marker = tmp_path / "pwned"
     evil = compile(f"open({str(marker)!r}, 'w').close()", "evil", "exec")
-    kept.write_bytes(marshal.dumps([evil, evil, evil]))
+    kept.write_bytes(marshal.dumps([evil] * len(MODULES)))
     kept.chmod(0o646)  # as if someone else could have written it
     assert '"ev":"hello"' in start()
     assert not marker.exists()

@@ -1,32 +1,37 @@
-"""ssh_scheduler.machines.slurm (pure): sbatch from a job's needs, the slurm: section, and Slurm's own
-answers, captured from the test Slurm (tests/data/slurm/) -- squeue, scontrol, sbatch refusals."""
+"""Slurm, the pure part (machines/slurm.py, executors/slurm_jobs.py): sbatch from a job's needs, the
+slurm: section, and Slurm's own answers, captured from the test Slurm (tests/data/slurm/) -- squeue,
+scontrol, sbatch refusals; and the status query as the shipped agent serves it."""
 
 from __future__ import annotations
 
-import json
+import os
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from ssh_scheduler.agent import protocol as P
+from ssh_scheduler.agent import wire as W
+from ssh_scheduler.agent.main import Agent
 from ssh_scheduler.errors import ConfigError
-from ssh_scheduler.jobs.needs import Needs
-from ssh_scheduler.machines.slurm import (
-    SlurmSettings,
+from ssh_scheduler.executors.slurm_jobs import (
     batch_script,
     final_status,
     job_name,
-    parse_poll_reply,
     parse_scontrol,
-    parse_slurm_section,
     parse_squeue,
     parse_submitted,
-    poll_command,
+    poll_reply,
     sbatch_argv,
     status_of,
+    status_query,
     submit_command,
 )
+from ssh_scheduler.jobs.needs import Needs
+from ssh_scheduler.machines.slurm import SlurmSettings, parse_slurm_section
+from ssh_scheduler.transport.bootstrap import agent_start
 
 DATA = Path(__file__).parent / "data" / "slurm"
 
@@ -141,38 +146,89 @@ def test_final_status_from_scontrol_or_sacct() -> None:
     assert status_of(timeout["JobState"], timeout["ExitCode"]).code == 124
 
 
-def test_the_poll_script_runs_and_its_reply_parses(tmp_path: Path) -> None:
-    """The query itself, run here with stand-ins for squeue and scontrol on the PATH."""
-    bin_dir = tmp_path / "bin"
+def stand_ins(tmp_path: Path) -> tuple[Path, Path]:
+    """squeue, scontrol and sacct answering from the captures, each call logged; the folder to
+    put first on the PATH and the log."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
     bin_dir.mkdir()
-    (bin_dir / "squeue").write_text(f"#!/bin/sh\ncat {DATA / 'squeue_mixed.txt'}\n")
-    (bin_dir / "scontrol").write_text(
-        f'#!/bin/sh\ngrep "^JobId=$4 " {DATA / "scontrol_mixed.txt"}\n'
+    logged = f'echo "$(basename "$0") $*" >> {shlex.quote(str(log))}\n'
+    (bin_dir / "squeue").write_text(f"#!/bin/sh\n{logged}cat {DATA / 'squeue_mixed.txt'}\n")
+    (bin_dir / "scontrol").write_text(  # one job's line, or every job's
+        f"#!/bin/sh\n{logged}"
+        f'if [ -n "$4" ]; then grep "^JobId=$4 " {DATA / "scontrol_mixed.txt"}; exit $?; fi\n'
+        f"cat {DATA / 'scontrol_mixed.txt'}\n"
     )
+    (bin_dir / "sacct").write_text(f"#!/bin/sh\n{logged}echo '77|COMPLETED|0:0'\necho '78|TIMEOUT|0:0'\n")
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
-    (tmp_path / "j.out").write_bytes(b"hello\nworld\n")
-    (tmp_path / "j2.err").write_bytes(b"oops\n")
-    command = poll_command(
+    return bin_dir, log
+
+
+def ask_the_agent(tmp_path: Path, request: P.SlurmQuery) -> P.SlurmReply:
+    """The shipped agent (started as on a host) answers one status query."""
+    start = agent_start(sys.executable, str(tmp_path / "root"))
+    with subprocess.Popen(["/bin/sh", "-c", start.command], stdin=subprocess.PIPE, stdout=subprocess.PIPE) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        request.id = 1
+        proc.stdin.write(start.payload + request.encode())
+        proc.stdin.flush()
+        answer = W.decode_answer(proc.stdout.readline())
+        proc.stdin.write(P.Bye().encode())
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0
+    assert isinstance(answer, P.SlurmReply), answer
+    return answer
+
+
+def test_the_agent_answers_the_status_query_with_one_scontrol_for_every_job_that_ended(tmp_path: Path) -> None:
+    """squeue once; the jobs that ended told by ONE scontrol of every job (filtered: an array
+    task by its A_T id), those it no longer knows by one sacct; then each job's new output."""
+    bin_dir, log = stand_ins(tmp_path)
+    jobs = tmp_path / "root" / "jobs"
+    jobs.mkdir(parents=True)
+    (jobs / "t-j.out").write_bytes(b"hello\nworld\n")
+    (jobs / "t-j2.err").write_bytes(b"oops\n")
+    os.mkfifo(jobs / "t-fifo.out")  # a job's leftover: never waited on
+    (tmp_path / "elsewhere.out").write_bytes(b"not ours\n")
+    request = status_query(
         SlurmSettings(command_prefix=f"PATH={shlex.quote(str(bin_dir))}:$PATH"),
-        ["3", "5"],
+        ["3", "5", "9_2", "77", "78"],  # failed, running, an array task that failed, two aged out
         {
-            "j": (str(tmp_path / "j"), 6, 0),
-            "j2": (str(tmp_path / "j2"), 0, 0),
-            "none": (str(tmp_path / "none"), 0, 0),
+            "j": (str(jobs / "t-j"), 6, 0),
+            "j2": (str(jobs / "t-j2"), 0, 0),
+            "fifo": (str(jobs / "t-fifo"), 0, 0),
+            "none": (str(jobs / "t-none"), 0, 0),
+            "out": (str(tmp_path / "elsewhere"), 0, 0),  # outside the work root: not read
         },
     )
-    out = subprocess.run(
-        ["/bin/sh", "-c", command], capture_output=True, text=True, check=True
-    ).stdout
-    reply = parse_poll_reply(out)
+    reply = poll_reply(ask_the_agent(tmp_path, request))
     assert reply.squeue_ok and reply.queue["3"].state == "FAILED"
-    assert set(reply.detail) == {"3"}  # 5 still runs: no scontrol for it
+    assert set(reply.detail) == {"3", "9_2", "77", "78"}  # 5 still runs: nothing asked of it
     assert final_status(reply.detail["3"]).code == 3  # type: ignore[union-attr]
+    assert final_status(reply.detail["9_2"]).code == 2  # type: ignore[union-attr]
+    assert final_status(reply.detail["77"]).code == 0  # type: ignore[union-attr]
+    assert final_status(reply.detail["78"]).code == 124  # type: ignore[union-attr]
     assert reply.data == {"j": {1: b"world\n"}, "j2": {2: b"oops\n"}}
-    with pytest.raises(ValueError, match="no answer"):
-        parse_poll_reply("python3: not found\n")
-    assert json.loads(out)["rc"] == 0
+    assert log.read_text().splitlines() == [
+        "squeue --me -r -t all -h -o %i|%j|%T|%r",
+        "scontrol -o show job",
+        "sacct -P -n -X -o JobID,State,ExitCode -j 77,78",
+    ]
+
+
+def test_one_job_that_ended_is_asked_of_scontrol_alone(tmp_path: Path) -> None:
+    bin_dir, log = stand_ins(tmp_path)
+    request = status_query(SlurmSettings(command_prefix=f"PATH={shlex.quote(str(bin_dir))}:$PATH"), ["3", "5"], {})
+    reply = poll_reply(ask_the_agent(tmp_path, request))
+    assert set(reply.detail) == {"3"} and final_status(reply.detail["3"]).code == 3  # type: ignore[union-attr]
+    assert log.read_text().splitlines()[1:] == ["scontrol -o show job 3"]
+
+
+def test_a_status_query_without_squeue_says_why(tmp_path: Path) -> None:
+    request = status_query(SlurmSettings(command_prefix="PATH=/nonexistent"), ["3"], {})
+    reply = poll_reply(ask_the_agent(tmp_path, request))
+    assert not reply.squeue_ok and reply.detail == {}
+    assert "squeue" in reply.squeue_text and "not found" in reply.squeue_text
 
 
 @pytest.mark.parametrize(
@@ -283,3 +339,14 @@ def test_an_array_runs_each_task_in_its_own_jobs_folder(tmp_path: Path) -> None:
         env = {"SLURM_ARRAY_TASK_ID": str(n), "PATH": "/usr/bin:/bin"}
         subprocess.run(["/bin/sh", str(tmp_path / "t-@a.array")], env=env, check=True)
         assert Path(folder + ".out").read_text() == f"task {n} in {folder}\n"
+
+
+async def test_a_slurm_command_that_hangs_is_killed_and_said(tmp_path: Path) -> None:
+    """squeue stuck on a controller that never answers: the agent kills it after its timeout
+    and answers with why, instead of holding the query (and every job's end) forever."""
+    agent = Agent(str(tmp_path / "root"), "tok")
+    rc, said = await agent.run_command(["sleep", "30"], timeout=0.2)
+    assert (rc, said) == (127, "sleep: no answer within 0.2 s")
+    assert agent.children == set() and agent.spawning == 0
+    assert await agent.run_command(["/nonexistent/squeue"]) == (
+        127, "/nonexistent/squeue: [Errno 2] No such file or directory: '/nonexistent/squeue'")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ssh_scheduler.machines.config import load_machine
-from ssh_scheduler.transport import connect
+from ssh_scheduler.transport.ssh import connect
 from tests.cluster import Cluster, Host
 
 RELAY = """\

@@ -1,5 +1,10 @@
-"""On the host: the stdlib-only agent that travels to every host and runs there on its python3
-(3.8 or newer), and the protocol it speaks with the coordinator.
+"""On the host: the programs that travel to the hosts and run there, and the protocol the agent
+speaks with the coordinator.
+
+The agent (main.py and the modules boot.MODULES lists) runs on the host's python3 3.8 or newer;
+its first stage (boot.py) and execute_to's watchdog (watchdog.py) travel on a command line and
+run on whatever python3 the host has.  Their text is what travels: nothing here is a string of
+program text.
 
 May import: the standard library only (no 3.9+ syntax); its modules import each other, and
 nothing else of the package.

@@ -1,6 +1,6 @@
 """The agent's defences on a shared host: private folders, safe file creation, containment.
 
-Runs on the hosts with agent.py (shipped in the same blob, python3 >= 3.8, standard library only,
+Runs on the hosts with main.py (shipped with it, python3 >= 3.8, standard library only,
 plain unannotated code).  Other unix users on the host are assumed hostile:
 
 * Folders: the work root and every folder under it must be ours, a real folder (not a symlink)
@@ -96,7 +96,7 @@ def private_root(root, subdirs):
 
 def keep_code(root, name, code):
     """Keep the agent's compiled code in the (checked) root for the next start, replacing any
-    other version's (see transport.agent_bootstrap, which loads it)."""
+    other version's (see boot.py, which loads it)."""
     path = os.path.join(root, name)
     try:
         st = os.lstat(path)

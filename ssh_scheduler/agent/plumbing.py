@@ -2,8 +2,8 @@
 walking a job folder for its results listing, the pidfd child watcher, and which command lines
 start without a shell (:func:`without_shell`).
 
-Runs on the hosts' python3 (3.8 or newer) as part of the agent (shipped with it by
-``transport.agent_bootstrap``): stdlib only, no 3.9+ syntax.
+Runs on the hosts' python3 (3.8 or newer) as part of the agent (loaded with it by boot.py,
+the first stage): stdlib only, no 3.9+ syntax.
 """
 
 import asyncio

@@ -23,7 +23,7 @@ from ssh_scheduler.errors import (
 from ssh_scheduler.machines.config import Machine
 from ssh_scheduler.machines.machine_env import with_setup
 from ssh_scheduler.machines.slurm import SlurmSettings
-from ssh_scheduler.transport import connect
+from ssh_scheduler.transport.ssh import connect
 
 __all__ = ["HostReport", "check_hosts", "parse_report", "report_lines"]
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import re
 import secrets
@@ -29,11 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+from ssh_scheduler.agent import watchdog
 from ssh_scheduler.errors import ConfigError, SchedulerError
 from ssh_scheduler.executors.session import DEFAULT_LEASE, HostSession
 from ssh_scheduler.machines.config import Machine
 from ssh_scheduler.machines.hostlist import fold
-from ssh_scheduler.transport import Transport, connect
+from ssh_scheduler.transport.base import Transport
+from ssh_scheduler.transport.ssh import connect
 
 if TYPE_CHECKING:  # the files path imports them when used: ~35 ms of every plain start
     from ssh_scheduler.executors.transfer import ForwardSet
@@ -274,50 +277,26 @@ class _Capture:
 # --- running ---------------------------------------------------------------------------------
 
 # sshd leaves a command running when its channel closes (no pty: no SIGHUP), so closing the
-# channel on timeout or Ctrl-C would not stop it.  This wrapper runs the command in a session of
-# its own, and kills that whole session (TERM, then KILL after KILL_GRACE s) when its stdin, the
-# channel, reaches end of file: the channel closed or the connection dropped.  transport.exec
-# never sends EOF on stdin, and the command itself gets /dev/null as stdin (so it cannot hang
-# waiting for input).  A host without python3 runs the command plainly.
-# The command runs as execute_batch's jobs do (agent.py): ``bash --norc -c``, /bin/sh only where
-# bash is missing, whatever the login shell (tcsh, fish, dash as sh) -- the login shell only
-# parses the one POSIX line below, through ``exec /bin/sh -c``, and reads ~/.bashrc once.
+# channel on timeout or Ctrl-C would not stop it: the command runs under a watchdog
+# (agent/watchdog.py) that kills its whole session when the channel closes (transport.exec never
+# sends EOF on stdin); a host without python3 runs it plainly.  Either way in ``bash --norc -c``
+# as execute_batch's jobs, /bin/sh only where bash is missing, whatever the login shell (tcsh,
+# fish, dash as sh): it only parses the one POSIX line below, and reads ~/.bashrc once.
 KILL_GRACE = 2.0
-_WATCHDOG = """\
-import os,signal,sys,_thread,time
-sh=['/bin/bash','--norc'] if os.path.exists('/bin/bash') else ['/bin/sh']
-g=float(sys.argv[2]);done=_thread.allocate_lock();done.acquire();gone=[]
-d=[s for s in (signal.SIGPIPE,getattr(signal,'SIGXFSZ',None)) if s]
-try:p=os.posix_spawn(sh[0],sh+['-c',sys.argv[1]],os.environ,file_actions=[(os.POSIX_SPAWN_OPEN,0,os.devnull,os.O_RDONLY,0)],setsid=True,setsigdef=d)
-except (AttributeError,TypeError,NotImplementedError):
- import subprocess;p=subprocess.Popen(sh+['-c',sys.argv[1]],stdin=subprocess.DEVNULL,start_new_session=True).pid
-def watch():
-    try:
-        while os.read(0,65536):pass
-    except OSError:pass
-    gone.append(1)
-    try:
-        os.killpg(p,signal.SIGTERM)
-        end=time.monotonic()+g
-        while time.monotonic()<end:
-            time.sleep(0.05);os.killpg(p,0)
-        os.killpg(p,signal.SIGKILL)
-    except OSError:pass
-    done.release()
-_thread.start_new_thread(watch,())
-s=os.waitpid(p,0)[1]
-if gone:done.acquire(True,g+1)
-sys.exit(128+os.WTERMSIG(s) if os.WIFSIGNALED(s) else os.WEXITSTATUS(s))
-"""
+
+
+@functools.cache
+def _watchdog() -> str:
+    """The watchdog as one line: ``exec`` of its file's text as a literal (no newline in it)."""
+    return f"exec({Path(watchdog.__file__).read_text()!r})"
 
 
 def killable(command: str, grace: float = KILL_GRACE) -> str:
-    """The remote command line that runs ``command`` under the watchdog above."""
+    """The remote command line that runs ``command`` under the watchdog."""
     quoted = shlex.quote(command)
-    # The watchdog as one line (a string literal with \\n), so no login shell sees a newline.
-    watchdog = shlex.quote(f"exec({_WATCHDOG!r})")
+    program = shlex.quote(_watchdog())
     posix = (
-        f"command -v python3 >/dev/null 2>&1 && exec python3 -IS -c {watchdog} {quoted} {grace:g}; "
+        f"command -v python3 >/dev/null 2>&1 && exec python3 -IS -c {program} {quoted} {grace:g}; "
         f"[ -x /bin/bash ] && exec /bin/bash --norc -c {quoted}; exec /bin/sh -c {quoted}"
     )
     return f"exec /bin/sh -c {shlex.quote(posix)}"

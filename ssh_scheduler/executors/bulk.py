@@ -27,12 +27,12 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from ssh_scheduler import transport
 from ssh_scheduler.agent.protocol import Blob
 from ssh_scheduler.errors import TransportError
 from ssh_scheduler.executors.session import HostSession
 from ssh_scheduler.jobs.forward import LocalFile
-from ssh_scheduler.transport import RemoteFileError, printable
+from ssh_scheduler.transport import ssh
+from ssh_scheduler.transport.base import RemoteFileError, printable
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ class Prefetch:
     async def _ask(self, i: int) -> dict[str, Blob] | None:
         paths = [rel for rel, _ in self._groups[i]]
         try:
-            blobs = await self.host.fetch(self.jobdir, paths, self.limit, transport.SFTP_READ_TIMEOUT)
+            blobs = await self.host.fetch(self.jobdir, paths, self.limit, ssh.SFTP_READ_TIMEOUT)
         except TransportError as exc:
             if self.host.lost is not None:
                 raise

@@ -26,14 +26,14 @@ from ssh_scheduler.jobs.forward import ForwardSet
 from ssh_scheduler.jobs.needs import OwnUsage
 from ssh_scheduler.machines.machine_yaml import Machine
 from ssh_scheduler.machines.probe import PROBE_COMMAND, HostState, parse_probe_output
-from ssh_scheduler.transport import connect
 from ssh_scheduler.transport.base import Transport, describe
+from ssh_scheduler.transport.ssh import connect
 
 __all__ = ["AgentExecutor", "open_executor", "probe_only"]
 
 
 class AgentExecutor:
-    """A host (over SSH, or this machine through :class:`~ssh_scheduler.transport.LocalTransport`)
+    """A host (over SSH, or this machine through :class:`~ssh_scheduler.transport.local.LocalTransport`)
     driven by our agent over one channel."""
 
     def __init__(self, transport: Transport, session: HostSession) -> None:

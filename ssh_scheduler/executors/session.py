@@ -17,12 +17,14 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from ssh_scheduler.agent import protocol as P
+from ssh_scheduler.agent import wire as W
+from ssh_scheduler.agent.boot import REFUSED as AGENT_REFUSED  # how a refusal line begins
 from ssh_scheduler.errors import AgentStartError, ConnectionLostError, TransportError
 from ssh_scheduler.executors.stage_plan import StagePlan
-from ssh_scheduler.transport import AgentProcess, Transport, describe, printable
+from ssh_scheduler.transport.base import AgentProcess, Transport, describe, printable
 
 DEFAULT_LEASE = 60.0
-R = TypeVar("R", bound=P.Reply)
+R = TypeVar("R", bound=W.Reply)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +48,6 @@ class _RunningJob:
     done: asyncio.Future[JobExit] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
-AGENT_REFUSED = "ssh_scheduler agent refused to start: "
-"""How agent.main's one line about a start it refused begins."""
 NO_PYTHON_FIX = "install python3 (Debian/Ubuntu: apt install python3) or put it on the PATH of non-interactive ssh logins"
 
 
@@ -100,7 +100,7 @@ class HostSession:
         # A probe command sent inside the hello (no round trip of its own); its answer waits in
         # _folded_probe until the first probe() asks for that command.
         self.first_probe = first_probe
-        self._folded_probe: tuple[P.Probe, asyncio.Future[P.Message]] | None = None
+        self._folded_probe: tuple[P.Probe, asyncio.Future[W.Message]] | None = None
         # Jobs the agent already had when we (re)attached: {job: {"running": bool, "code": int}}.
         self.agent_jobs: dict[str, dict[str, Any]] = {}
         self.machine = transport.machine
@@ -108,7 +108,7 @@ class HostSession:
         self.root = ""
         self.agent: AgentProcess | None = None
         self._ids = itertools.count(1)
-        self._calls: dict[int, asyncio.Future[P.Message]] = {}
+        self._calls: dict[int, asyncio.Future[W.Message]] = {}
         self._jobs: dict[str, _RunningJob] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._write_lock = asyncio.Lock()
@@ -188,7 +188,7 @@ class HostSession:
         self._mark_lost("session closed")
 
     # -- wire -------------------------------------------------------------------------------------
-    async def _send(self, message: P.Request) -> None:
+    async def _send(self, message: W.Request) -> None:
         """Queue a request; everything queued in one turn of the event loop leaves in one write
         (one SSH packet instead of one per job when a thousand jobs start at once)."""
         if self.lost is not None or self.agent is None:
@@ -214,11 +214,11 @@ class HostSession:
         except Exception as exc:  # the channel closed under us: the reader will say why
             self._mark_lost(f"connection lost ({type(exc).__name__}: {exc})")
 
-    def _expect(self, request: P.Request) -> asyncio.Future[P.Message]:
+    def _expect(self, request: W.Request) -> asyncio.Future[W.Message]:
         """Give the request an id and a future its answer resolves (sending is the caller's)."""
         call_id = next(self._ids)
         request.id = call_id
-        future: asyncio.Future[P.Message] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[W.Message] = asyncio.get_running_loop().create_future()
         self._calls[call_id] = future
         return future
 
@@ -229,7 +229,8 @@ class HostSession:
             future.cancel()  # never awaited: cancelled, so no "exception never retrieved"
             self._folded_probe = None
 
-    async def _call(self, request: P.Request, reply: type[R], timeout: float | None = None) -> R:
+    async def call(self, request: W.Request, reply: type[R], timeout: float | None = None) -> R:
+        """Send ``request``, wait for its ``reply`` (TransportError when the agent refused it)."""
         future = self._expect(request)
         try:
             await self._send(request)
@@ -239,7 +240,7 @@ class HostSession:
         return await self._answer(request, future, reply, timeout)
 
     async def _answer(
-        self, request: P.Request, future: asyncio.Future[P.Message], reply: type[R], timeout: float | None
+        self, request: W.Request, future: asyncio.Future[W.Message], reply: type[R], timeout: float | None
     ) -> R:
         try:
             answer = await asyncio.wait_for(future, timeout)
@@ -279,8 +280,8 @@ class HostSession:
                         self._refusal = said.removeprefix(AGENT_REFUSED)
                     continue
                 try:
-                    self._dispatch(P.decode_answer(line))
-                except P.ProtocolError as exc:
+                    self._dispatch(W.decode_answer(line))
+                except W.ProtocolError as exc:
                     call = self._calls.get(exc.id) if exc.id is not None else None
                     if call is None or call.done():  # about a job, or about nothing: host lost
                         reason = f"the agent sent a malformed answer ({printable(exc)})"
@@ -294,8 +295,8 @@ class HostSession:
         finally:
             self._mark_lost(reason)
 
-    def _dispatch(self, message: P.Message) -> None:
-        if isinstance(message, P.Event):
+    def _dispatch(self, message: W.Message) -> None:
+        if isinstance(message, W.Event):
             running = self._jobs.get(message.job)
             if running is not None:
                 self._job_events[type(message)](running, message)
@@ -313,11 +314,11 @@ class HostSession:
     @staticmethod
     def _on_output(running: _RunningJob, event: P.Output) -> None:
         if event.fd not in (1, 2):
-            raise P.ProtocolError(f"'out': fd {event.fd} is neither 1 nor 2 (job {event.job})")
+            raise W.ProtocolError(f"'out': fd {event.fd} is neither 1 nor 2 (job {event.job})")
         try:
             data = base64.b64decode(event.data, validate=True)
         except ValueError:
-            raise P.ProtocolError(f"'out': data is not base64 (job {event.job})") from None
+            raise W.ProtocolError(f"'out': data is not base64 (job {event.job})") from None
         if running.room is not None:  # the host is held to the limit too, whatever it sends
             if running.room < 0:
                 return
@@ -352,7 +353,7 @@ class HostSession:
             ended = JobExit(event.code, message=printable(event.message), entries=event.entries)
         running.done.set_result(ended)
 
-    _job_events: ClassVar[dict[type[P.Message], Callable[[_RunningJob, Any], None]]] = {
+    _job_events: ClassVar[dict[type[W.Message], Callable[[_RunningJob, Any], None]]] = {
         P.Output: _on_output,
         P.Started: _on_started,
         P.Exit: _on_exit,
@@ -386,35 +387,35 @@ class HostSession:
             reply = await self._answer(folded[0], folded[1], P.ProbeReply, timeout)
         else:
             self._drop_folded_probe()
-            reply = await self._call(P.Probe(cmd=command), P.ProbeReply, timeout)
+            reply = await self.call(P.Probe(cmd=command), P.ProbeReply, timeout)
         own = {name: {"pids": u.pids, "rss_mb": u.rss_mb} for name, u in reply.own.items()}
         return reply.out, reply.rc, own
 
     async def have(self, keys: list[str], sizes: dict[str, int]) -> list[str]:
         """Which of these cache entries the host lacks."""
-        reply = await self._call(P.Have(hashes=keys, sizes=sizes), P.HaveReply, 120)
+        reply = await self.call(P.Have(hashes=keys, sizes=sizes), P.HaveReply, 120)
         return reply.missing
 
     async def stage(self, jobdir: str, files: list[tuple[str, str]], dirs: list[str]) -> None:
-        await self._call(P.Stage(dir=jobdir, files=_staged(files), dirs=dirs), P.Staged, 300)
+        await self.call(P.Stage(dir=jobdir, files=_staged(files), dirs=dirs), P.Staged, 300)
 
     async def manifest(self, jobdir: str, paths: list[str] | None) -> object:
-        reply = await self._call(P.Manifest(dir=jobdir, paths=paths), P.ManifestReply, 300)
+        reply = await self.call(P.Manifest(dir=jobdir, paths=paths), P.ManifestReply, 300)
         return reply.entries  # transfer.fetch_back checks it (P.decode_listing)
 
     async def put(self, files: list[P.Blob]) -> list[str]:
         """Keep small files in the host's cache (bulk.py); returns "key: reason" of each refused."""
-        reply = await self._call(P.Put(files=files), P.PutReply, 300)
+        reply = await self.call(P.Put(files=files), P.PutReply, 300)
         return reply.failed
 
     async def fetch(self, jobdir: str, paths: list[str], limit: int, timeout: float) -> list[P.Blob]:
         """Small result files' bytes (bulk.py); transfer.fetch_back checks every one."""
-        reply = await self._call(P.Fetch(dir=jobdir, paths=paths, limit=limit), P.Fetched, timeout)
+        reply = await self.call(P.Fetch(dir=jobdir, paths=paths, limit=limit), P.Fetched, timeout)
         return reply.files
 
     async def sweep(self, prefix: str) -> None:
         """Remove every job folder and output file whose name starts with ``prefix``."""
-        await self._call(P.Sweep(prefix=prefix), P.Swept, 60)
+        await self.call(P.Sweep(prefix=prefix), P.Swept, 60)
 
     async def remove_soon(self, jobdir: str, job: str | None = None) -> None:
         """Like ``remove`` without waiting for the answer (the agent does them in order)."""
@@ -422,7 +423,7 @@ class HostSession:
 
     async def remove(self, jobdir: str, job: str | None = None) -> None:
         """Delete a job's directory (and, naming the job, its output files and record)."""
-        await self._call(P.Remove(dir=jobdir, job=job), P.Removed, 300)
+        await self.call(P.Remove(dir=jobdir, job=job), P.Removed, 300)
 
     async def run(
         self,
@@ -466,7 +467,7 @@ class HostSession:
     async def _follow(
         self,
         job: str,
-        request: P.Request,
+        request: W.Request,
         on_output: Callable[[int, bytes], None],
         on_started: Callable[[int], None],
         max_output: int | None = None,

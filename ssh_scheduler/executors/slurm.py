@@ -8,9 +8,10 @@ sets ``CUDA_VISIBLE_DEVICES``; the planner sees the machine as a queue of ``max_
 
 Slurm tells a client nothing by itself (no event stream to a submitter: ``strigger`` is for
 administrators and fires programs on the controller), so following jobs needs polling.  It is
-bounded: ONE query per interval for the whole machine (``slurm.poll_command``: squeue for every
-job of ours, scontrol for those that just ended, and the new output of every running job), never
-one per job, and none at all while nothing of ours is in Slurm.
+bounded: ONE query per interval for the whole machine (``slurm_jobs.status_query``, a request the
+login node's agent serves: squeue for every job of ours, one scontrol for those that just ended,
+and the new output of every running job), never one per job, and none at all while nothing of
+ours is in Slurm.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from ssh_scheduler.agent.protocol import SlurmReply
 from ssh_scheduler.errors import ConnectionLostError, TransportError
+from ssh_scheduler.executors import slurm_jobs as S
 from ssh_scheduler.executors.base import OutputSink, RunRequest, shell_line
 from ssh_scheduler.executors.host import AgentExecutor, open_executor
 from ssh_scheduler.executors.session import JobExit
@@ -33,9 +36,9 @@ from ssh_scheduler.executors.slurm_array import ARRAY_MARK, parse_array_script
 from ssh_scheduler.executors.slurm_submit import Submitter
 from ssh_scheduler.executors.stage_plan import StagePlan
 from ssh_scheduler.jobs.needs import Needs, OwnUsage
-from ssh_scheduler.machines import slurm as S
 from ssh_scheduler.machines.machine_yaml import Machine
 from ssh_scheduler.machines.probe import HostState
+from ssh_scheduler.machines.slurm import SlurmSettings, queue_state
 
 __all__ = ["SlurmExecutor", "open_slurm_executor"]
 
@@ -65,7 +68,7 @@ class _Tracked:
 class SlurmExecutor(AgentExecutor):
     """Jobs through ``sbatch`` on a login node (see the module docstring)."""
 
-    def __init__(self, inner: AgentExecutor, settings: S.SlurmSettings, token: str) -> None:
+    def __init__(self, inner: AgentExecutor, settings: SlurmSettings, token: str) -> None:
         # The login node is a host like any other (its agent stages inputs and fetches results);
         # this class takes over running, following and ending the jobs it hands to Slurm.
         super().__init__(inner.transport, inner.session)
@@ -102,7 +105,7 @@ class SlurmExecutor(AgentExecutor):
                     f"{self.name}: squeue does not run on the login node: {text.strip()[-200:]}"
                 )
             self._answered = True
-        state = S.queue_state(self.settings)
+        state = queue_state(self.settings)
         return state, {}
 
     def _sh(self, command: str) -> str:
@@ -188,11 +191,10 @@ class SlurmExecutor(AgentExecutor):
         return out, rc
 
     async def _scancel(self, ids: list[str]) -> None:
-        out, rc, _ = await self.session.probe(
-            S.scancel_command(self.settings, ids), timeout=60
-        )
-        if rc != 0:
-            log.warning("%s: scancel %s: %s", self.name, " ".join(ids), out.strip())
+        for command in S.scancel_commands(self.settings, ids):  # ids batched: no line grows
+            out, rc, _ = await self.session.probe(command, timeout=60)
+            if rc != 0:
+                log.warning("%s: scancel: %s", self.name, out.strip())
 
     async def remove(self, jobdir: str, job: str | None = None, *, wait: bool = True) -> None:
         if job is not None and job in self.found:  # a leftover of an earlier run: stop it too
@@ -266,11 +268,13 @@ class SlurmExecutor(AgentExecutor):
         return []
 
     async def _query(self, ids: list[str], outputs: dict[str, tuple[str, int, int]]) -> S.PollReply:
-        command = S.poll_command(self.settings, ids, outputs)
-        out, _rc, _ = await self.session.probe(command, timeout=120)
+        """One request to the login node's agent, however many jobs: nothing of it travels
+        on a command line."""
+        request = S.status_query(self.settings, ids, outputs)
+        answer = await self.session.call(request, SlurmReply, 120)
         try:
-            return S.parse_poll_reply(out)
-        except (ValueError, KeyError) as exc:
+            return S.poll_reply(answer)
+        except ValueError as exc:
             raise TransportError(f"{self.name}: the Slurm status query failed: {exc}") from None
 
     def _start_poller(self) -> None:
@@ -357,7 +361,7 @@ class SlurmExecutor(AgentExecutor):
 
 
 async def open_slurm_executor(
-    machine: Machine, *, settings: S.SlurmSettings, token: str, **kwargs: Any
+    machine: Machine, *, settings: SlurmSettings, token: str, **kwargs: Any
 ) -> SlurmExecutor:
     """Connect to the login node (our agent there) and look for this batch's jobs in Slurm."""
     inner = await open_executor(machine, token=token, **kwargs)

@@ -13,7 +13,8 @@ import re
 import shlex
 from collections.abc import Sequence
 
-from ssh_scheduler.machines.slurm import SlurmSettings, prefixed
+from ssh_scheduler.executors.slurm_jobs import prefixed
+from ssh_scheduler.machines.slurm import SlurmSettings
 
 __all__ = [
     "ARRAY_MARK",
@@ -26,8 +27,9 @@ __all__ = [
 
 ARRAY_MARK = "@"
 """Starts the job part of an array's name (``sshs-<token>-@<first job>``): no job name does."""
-MAX_COMMAND = 96 * 1024
-"""Bytes of one submission's shell line: it travels as one ``sh -c`` argument (Linux: 128 KiB)."""
+MAX_COMMAND = 48 * 1024
+"""Bytes of one submission's shell line: it travels as ONE argument (``sh -c``), and no argument
+we build may pass 64 KiB (Linux refuses one over 128 KiB); an array past it is cut in two."""
 
 _PER_JOB = ("--job-name=", "--chdir=", "--output=", "--error=", "--open-mode=")
 _TASK_RE = re.compile(r"^(\d+)\) f=(.*);;$")

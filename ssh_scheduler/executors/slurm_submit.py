@@ -6,19 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os.path
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from ssh_scheduler.errors import TransportError
+from ssh_scheduler.executors import slurm_jobs as S
 from ssh_scheduler.executors.slurm_array import (
     ARRAY_MARK,
     MAX_COMMAND,
     array_submit_command,
     shared_options,
 )
-from ssh_scheduler.machines import slurm as S
+from ssh_scheduler.machines.slurm import SlurmSettings
 
 __all__ = ["Submitter"]
 
@@ -40,18 +42,17 @@ class _Submission:
     abandoned: bool = False  # its run was cancelled
 
 
-def _chunks(group: list[_Submission]) -> list[list[_Submission]]:
-    """The group in runs whose submission line stays under :data:`MAX_COMMAND`."""
-    chunks: list[list[_Submission]] = [[]]
-    size = 0
-    for submission in group:
-        cost = len(submission.script) + 3 * len(submission.jobdir) + 200
-        if chunks[-1] and size + cost > MAX_COMMAND:
-            chunks.append([])
-            size = 0
-        chunks[-1].append(submission)
-        size += cost
-    return chunks
+def _chunks(
+    group: list[_Submission], command: Callable[[list[_Submission]], str]
+) -> list[tuple[list[_Submission], str]]:
+    """The group in runs whose submission line (``command``) stays under :data:`MAX_COMMAND`,
+    halved until it does, each with its line.  Only a single job's line may be longer: its
+    script carries the user's own command."""
+    line = command(group)
+    if len(group) <= 1 or len(line.encode()) <= MAX_COMMAND:
+        return [(group, line)]
+    half = len(group) // 2
+    return _chunks(group[:half], command) + _chunks(group[half:], command)
 
 
 class Submitter:
@@ -61,7 +62,7 @@ class Submitter:
     def __init__(
         self,
         name: str,
-        settings: S.SlurmSettings,
+        settings: SlurmSettings,
         token: str,
         run: Callable[[str], Awaitable[tuple[str, int]]],
         cancel: Callable[[list[str]], Awaitable[None]],
@@ -105,28 +106,28 @@ class Submitter:
                 key = shared_options(submission.argv) if self.settings.arrays else (submission.job,)
                 groups.setdefault(key, []).append(submission)
             for options, group in groups.items():
-                for chunk in _chunks(group):
+                for chunk, command in _chunks(group, functools.partial(self._command, options)):
                     try:
-                        await self._submit_chunk(options, chunk)
+                        await self._submit_chunk(command, chunk)
                     except Exception as exc:  # no job may wait forever for its submission
                         log.exception("%s: submitting to Slurm failed", self.name)
                         for waiting in chunk:
                             if not waiting.done.done():
                                 waiting.done.set_result((None, f"submitting failed: {exc}", False))
 
-    async def _submit_chunk(self, options: tuple[str, ...], chunk: list[_Submission]) -> None:
+    def _command(self, options: tuple[str, ...], chunk: list[_Submission]) -> str:
+        """The shell line that submits these jobs: one sbatch, or one array of them."""
         first = chunk[0]
         if len(chunk) == 1:
-            command = S.submit_command(self.settings, first.argv, first.script)
-        else:
-            stem = os.path.join(
-                os.path.dirname(first.jobdir), f"{self.token}-{ARRAY_MARK}{first.job}"
-            )
-            command = array_submit_command(
-                self.settings, options, name=S.job_name(self.token, ARRAY_MARK + first.job),
-                workdir=os.path.dirname(first.jobdir), script_path=f"{stem}.array",
-                jobs=[(s.jobdir, s.script) for s in chunk],
-            )  # fmt: skip
+            return S.submit_command(self.settings, first.argv, first.script)
+        stem = os.path.join(os.path.dirname(first.jobdir), f"{self.token}-{ARRAY_MARK}{first.job}")
+        return array_submit_command(
+            self.settings, options, name=S.job_name(self.token, ARRAY_MARK + first.job),
+            workdir=os.path.dirname(first.jobdir), script_path=f"{stem}.array",
+            jobs=[(s.jobdir, s.script) for s in chunk],
+        )  # fmt: skip
+
+    async def _submit_chunk(self, command: str, chunk: list[_Submission]) -> None:
         try:
             out, rc = await self._run(command)
         except TransportError as exc:

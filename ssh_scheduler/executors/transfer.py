@@ -26,7 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ssh_scheduler.agent.protocol import ManifestEntry, ProtocolError, decode_listing
+from ssh_scheduler.agent.protocol import ManifestEntry, decode_listing
+from ssh_scheduler.agent.wire import ProtocolError
 from ssh_scheduler.errors import TransferError
 from ssh_scheduler.executors import bulk
 from ssh_scheduler.executors.session import HostSession
@@ -39,7 +40,7 @@ from ssh_scheduler.jobs.forward import ForwardSet as ForwardSet
 from ssh_scheduler.jobs.forward import Hasher as Hasher
 from ssh_scheduler.jobs.forward import LocalFile as LocalFile
 from ssh_scheduler.jobs.forward import collect_forward as collect_forward
-from ssh_scheduler.transport import RemoteFileError, SizeLimitExceeded, printable
+from ssh_scheduler.transport.base import RemoteFileError, SizeLimitExceeded, printable
 
 UPLOAD_CONCURRENCY = 4
 MAX_WARNINGS = 50  # per job: a host sending 10^5 bad names must not flood the terminal

@@ -40,7 +40,7 @@ def load_client_keys(machine: Machine) -> list[Any] | None:
     """The machine's private keys, loaded and checked; None: asyncssh's defaults (the ssh-agent
     and ~/.ssh/id_*).  A passphrase-protected key is left to the ssh-agent, or refused with a
     clear message when none runs (we never ask for passphrases)."""
-    keys, _ = _load_client_keys(machine)
+    keys, _ = load_keys(machine)
     return keys
 
 
@@ -60,7 +60,9 @@ def _read_private_key(path: str) -> Any:
     return _KEY_CACHE[key]
 
 
-def _load_client_keys(machine: Machine) -> tuple[list[Any] | None, list[str]]:
+def load_keys(machine: Machine) -> tuple[list[Any] | None, list[str]]:
+    """The machine's private keys as :func:`load_client_keys`, and the passphrase-protected
+    ones left to the ssh-agent (named in the hint when the login is refused)."""
     import asyncssh
 
     if not machine.key_paths:
@@ -104,14 +106,14 @@ def _parse_hop(hop: str) -> tuple[str | None, str, int | None]:
     return (user or None), host, (int(port) if port else None)
 
 
-def _proxy_command(machine: Machine) -> Any:
+def proxy_command_argv(machine: Machine) -> Any:
     """The ssh config's ProxyCommand as ssh runs it: ``$SHELL -c "exec <command>"``."""
     if machine.proxy_command is None:
         return ()
     return [os.environ.get("SHELL") or "/bin/sh", "-c", machine.proxy_command]
 
 
-def _jump_chain(machine: Machine) -> list[Machine]:
+def jump_chain(machine: Machine) -> list[Machine]:
     """The jump hosts in the order they are connected, first hop first.
 
     ``load_machine`` resolves them through the ssh config, as ``ssh -J`` does (``jump_host``);
@@ -162,7 +164,7 @@ def algorithm_options(machine: Machine) -> dict[str, Any]:
     }
 
 
-def _negotiation_hint(machine: Machine, reason: str) -> str:
+def negotiation_hint(machine: Machine, reason: str) -> str:
     """What to say when the handshake failed and legacy algorithms might be why."""
     if machine.legacy_algorithms:
         return ""

@@ -17,7 +17,7 @@ from ssh_scheduler.errors import (
     HostUnreachableError,
 )
 from ssh_scheduler.machines.config import Machine
-from ssh_scheduler.transport.auth import _proxy_command
+from ssh_scheduler.transport.auth import proxy_command_argv
 from ssh_scheduler.transport.base import describe
 
 
@@ -153,14 +153,14 @@ async def fetch_host_key(machine: Machine, tunnel: Any = None) -> Any:
             machine.host,
             machine.port,
             tunnel=tunnel if tunnel is not None else (),
-            proxy_command=_proxy_command(machine) if tunnel is None else (),
+            proxy_command=proxy_command_argv(machine) if tunnel is None else (),
             config=None,
         ),
         machine.connect_timeout,
     )
 
 
-def _key_text(key: Any) -> str:
+def key_text(key: Any) -> str:
     """``SHA256:... (ssh-ed25519)`` for a message."""
     return f"{key.get_fingerprint()} ({key.get_algorithm()})"
 
@@ -170,7 +170,7 @@ def record_host_key(machine: Machine, key: Any) -> str:
     files = known_hosts_files(machine)
     if not files:
         raise HostKeyError(
-            f"{describe(machine)}: unknown host key {_key_text(key)}, and no known_hosts file is "
+            f"{describe(machine)}: unknown host key {key_text(key)}, and no known_hosts file is "
             f"configured for it (UserKnownHostsFile none) to record it in; set known_hosts "
             f"in the machine file"
         )
@@ -183,7 +183,7 @@ def record_host_key(machine: Machine, key: Any) -> str:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise HostKeyError(
-                    f"{describe(machine)}: unknown host key {_key_text(key)}, and its known_hosts "
+                    f"{describe(machine)}: unknown host key {key_text(key)}, and its known_hosts "
                     f"file {path} is not a regular file, so the key cannot be recorded there; "
                     f"add it yourself (ssh-keyscan) to a known_hosts file the machine uses"
                 )
@@ -209,10 +209,10 @@ async def accept_new_host_key(machine: Machine, tunnel: Any = None) -> str:
     return str(key.get_fingerprint())
 
 
-def _changed_message(machine: Machine, offered: Any) -> str:
+def changed_key_message(machine: Machine, offered: Any) -> str:
     name = known_hosts_name(machine)
     files = known_hosts_files(machine)
-    offers = f"it offers {_key_text(offered)}" if offered is not None else "its key"
+    offers = f"it offers {key_text(offered)}" if offered is not None else "its key"
     where = f" -f {shlex.quote(files[0])}" if files else ""
     return (
         f"{describe(machine)}: HOST KEY CHANGED: {offers}, but {', '.join(files)} records a "
@@ -222,7 +222,7 @@ def _changed_message(machine: Machine, offered: Any) -> str:
     )
 
 
-async def _refuse_if_key_changed(machine: Machine, known: KnownHosts, tunnel: Any) -> None:
+async def refuse_if_key_changed(machine: Machine, known: KnownHosts, tunnel: Any) -> None:
     """Raise HostKeyError when the host is known but now offers a key that is not recorded."""
     if not known.knows(machine.host, machine.port):
         return
@@ -231,14 +231,14 @@ async def _refuse_if_key_changed(machine: Machine, known: KnownHosts, tunnel: An
         offered = await fetch_host_key(machine, tunnel)
     if offered is not None and offered not in known.lookup(machine.host, "", machine.port)[0]:
         raise HostKeyError(
-            _changed_message(machine, offered) + " (it offers none of the key types recorded)"
+            changed_key_message(machine, offered) + " (it offers none of the key types recorded)"
         )
 
 
-def _unknown_message(machine: Machine, offered: Any) -> str:
+def new_key_message(machine: Machine, offered: Any) -> str:
     files = known_hosts_files(machine)
     shown = ", ".join(files) or "no known_hosts file (UserKnownHostsFile none)"
-    what = _key_text(offered) if offered is not None else "(its fingerprint could not be fetched)"
+    what = key_text(offered) if offered is not None else "(its fingerprint could not be fetched)"
     if not files:
         return (
             f"{describe(machine)}: unknown host key {what}, and no known_hosts file is configured "
@@ -257,5 +257,5 @@ async def unknown_key_message(machine: Machine, tunnel: Any = None) -> str:
     with contextlib.suppress(Exception):
         offered = await fetch_host_key(machine, tunnel)
     if host_key_entry_exists(machine):
-        return _changed_message(machine, offered)
-    return _unknown_message(machine, offered)
+        return changed_key_message(machine, offered)
+    return new_key_message(machine, offered)

@@ -11,7 +11,6 @@ import shutil
 import stat
 import sys
 from pathlib import Path
-from typing import Any
 
 from ssh_scheduler.errors import (
     TransportError,
@@ -23,10 +22,9 @@ from ssh_scheduler.transport.base import (
     ExecResult,
     OutputSink,
     SizeLimitExceeded,
-    agent_bootstrap,
+    pump,
 )
-
-# --- local ---------------------------------------------------------------------------------------
+from ssh_scheduler.transport.bootstrap import agent_start
 
 
 class LocalTransport:
@@ -38,14 +36,17 @@ class LocalTransport:
         self.bytes_received = 0
 
     async def start_agent(self, token: str = "") -> AgentProcess:
-        cmd = agent_bootstrap(shlex.quote(sys.executable), self.machine.workdir, token)
+        start = agent_start(shlex.quote(sys.executable), self.machine.workdir, token)
         proc = await asyncio.create_subprocess_shell(
-            cmd,
+            start.command,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             limit=1 << 26,
             start_new_session=True,
         )
+        assert proc.stdin is not None
+        with contextlib.suppress(Exception):  # an agent that could not start says why on stdout
+            proc.stdin.write(start.payload)  # its code, before any request
 
         async def closer() -> None:
             if proc.stdin is not None:
@@ -102,7 +103,7 @@ class LocalTransport:
         assert proc.stdout is not None and proc.stderr is not None
         try:
             out, err = await asyncio.gather(
-                _pump(proc.stdout, on_stdout), _pump(proc.stderr, on_stderr)
+                pump(proc.stdout, on_stdout), pump(proc.stderr, on_stderr)
             )
             code = await proc.wait()
         except asyncio.CancelledError:
@@ -114,16 +115,3 @@ class LocalTransport:
 
     async def close(self) -> None:
         return None
-
-
-async def _pump(stream: Any, sink: OutputSink | None) -> bytes:
-    parts: list[bytes] = []
-    while True:
-        chunk = await stream.read(CHUNK)
-        if not chunk:
-            return b"".join(parts)
-        if isinstance(chunk, str):
-            chunk = chunk.encode()
-        parts.append(chunk)
-        if sink is not None:
-            sink(chunk)

@@ -1,0 +1,143 @@
+"""The agent's ``slurm`` request: where this user's Slurm jobs stand, asked on the login node.
+
+One request answers for every job of ours on the machine (executors/slurm.py sends one per
+interval): ``squeue`` for their states; for the followed jobs that ended (or that squeue no
+longer shows) ONE ``scontrol -o show job`` -- of that job alone when only one ended, else of
+every job slurmctld knows, filtered here -- instead of one per job (each is an RPC that Slurm's
+``sdiag`` counts); ``sacct`` for those scontrol no longer knows, their ids batched so no
+argument grows with the number of jobs; and the new bytes of each job's output files.
+
+Runs on the login node's python3 (3.8 or newer) as part of the agent: standard library only,
+no 3.9+ syntax; the annotations are strings, checked by mypy, never evaluated there.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import stat
+
+from ssh_scheduler.agent import protocol as P
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Awaitable, Callable, Dict, List, Optional, Tuple
+
+    Runner = Callable[[List[str]], Awaitable[Tuple[int, str]]]
+    """Runs a command (argv, no shell): its exit status and its output, stderr after stdout."""
+
+SQUEUE = ["squeue", "--me", "-r", "-t", "all", "-h", "-o", "%i|%j|%T|%r"]
+SCONTROL = ["scontrol", "-o", "show", "job"]
+SACCT = ["sacct", "-P", "-n", "-X", "-o", "JobID,State,ExitCode", "-j"]
+IDS_PER_ARGUMENT = 16 * 1024
+"""Bytes of job ids in one ``sacct -j`` argument (a command line holds 128 KiB per argument)."""
+
+
+def with_prefix(prefix: Optional[str], argv: List[str]) -> List[str]:
+    """``argv`` run after the machine's ``command_prefix`` (``module load slurm``) in /bin/sh,
+    as every Slurm command of ours; the prefix is the only script, the command its arguments."""
+    if not prefix:
+        return argv
+    return ["/bin/sh", "-c", prefix + '\nexec "$@"', "sh", *argv]
+
+
+def queue_states(text: str) -> Dict[str, str]:
+    """Slurm id -> state (its first word) from squeue's ``id|name|state|reason`` lines."""
+    states = {}
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) == 4 and parts[0]:
+            states[parts[0]] = parts[2].split(" ")[0]
+    return states
+
+
+def scontrol_id(line: str) -> Optional[str]:
+    """The id a ``scontrol -o show job`` line is about, as squeue -r and sbatch name it: an
+    array task ``A_T`` (scontrol says ``JobId=N ArrayJobId=A ArrayTaskId=T``), else the JobId."""
+    if not line.startswith("JobId="):
+        return None
+    fields = dict(item.partition("=")[::2] for item in line.split(" ", 3)[:3])
+    array, task = fields.get("ArrayJobId"), fields.get("ArrayTaskId", "")
+    if array and task.isdigit():
+        return array + "_" + task
+    return fields.get("JobId") or None
+
+
+def id_batches(ids: List[str], limit: int = IDS_PER_ARGUMENT) -> List[List[str]]:
+    """``ids`` in runs whose comma-joined length stays under ``limit``."""
+    batches = []  # type: List[List[str]]
+    size = 0
+    for job_id in ids:
+        if not batches or size + len(job_id) + 1 > limit:
+            batches.append([])
+            size = 0
+        batches[-1].append(job_id)
+        size += len(job_id) + 1
+    return batches
+
+
+async def how_they_ended(req: P.SlurmQuery, states: Dict[str, str], run: Runner) -> Dict[str, str]:
+    """Slurm id -> what scontrol (or sacct, prefixed ``sacct ``) says of each followed job that
+    ended or that squeue no longer shows."""
+    done = set(req.done)
+    wanted = [i for i in req.follow if i not in states or states[i] in done]
+    if not wanted:
+        return {}
+    detail = {}  # type: Dict[str, str]
+    rc, text = await run(with_prefix(req.prefix, SCONTROL + (wanted if len(wanted) == 1 else [])))
+    if rc == 0:
+        asked = set(wanted)
+        for line in text.splitlines():
+            key = scontrol_id(line)
+            if key in asked:
+                detail[key] = line
+    for batch in id_batches([i for i in wanted if i not in detail]):
+        rc, text = await run(with_prefix(req.prefix, [*SACCT, ",".join(batch)]))
+        if rc != 0:  # no accounting here, say: what sacct said, for every job of the batch
+            detail.update((i, "sacct " + text) for i in batch)
+            continue
+        lines = {}  # type: Dict[str, List[str]]
+        for line in text.splitlines():
+            lines.setdefault(line.split("|", 1)[0].strip(), []).append(line)
+        detail.update((i, "sacct " + "\n".join(lines.get(i, []))) for i in batch)
+    return detail
+
+
+async def query(req: P.SlurmQuery, run: Runner) -> P.SlurmReply:
+    """squeue, then how the followed jobs that ended ended (not their output: see new_output)."""
+    rc, text = await run(with_prefix(req.prefix, SQUEUE))
+    reply = P.SlurmReply(id=req.id, rc=rc, squeue=text)
+    if rc == 0:
+        reply.detail = await how_they_ended(req, queue_states(text), run)
+    return reply
+
+
+def new_output(req: P.SlurmQuery, inside_root: Callable[[str], bool]) -> List[P.OutputChunk]:
+    """Up to ``req.chunk`` new bytes of each job's ``.out`` and ``.err`` (read after the states,
+    so a job seen ended has all its output here or in a full chunk).  Only files in the work
+    root, never through a link, never a FIFO a job left there (it would block us)."""
+    chunks = []
+    for at in req.outputs:
+        path = req.base + at.rest
+        if not inside_root(os.path.dirname(path)):
+            continue
+        for fd, suffix, offset in ((1, ".out", at.out), (2, ".err", at.err)):
+            data = read_from(path + suffix, offset, req.chunk)
+            if data:
+                chunks.append(P.OutputChunk(job=at.job, fd=fd, data=base64.b64encode(data).decode()))
+    return chunks
+
+
+def read_from(path: str, offset: int, size: int) -> bytes:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return b""  # not written yet
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return b""
+        return os.pread(fd, size, offset)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
