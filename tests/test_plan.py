@@ -24,8 +24,8 @@ from ssh_scheduler.events import (
     Waiting,
 )
 from ssh_scheduler.jobs.batch_file import Job
+from ssh_scheduler.jobs.needs import Needs, NeedsOverride
 from ssh_scheduler.machines.probe import GpuState, HostState
-from ssh_scheduler.planner.allocate import Needs, NeedsOverride
 from ssh_scheduler.planner.plan import (
     Action,
     Cleanup,

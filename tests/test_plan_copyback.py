@@ -22,8 +22,8 @@ from ssh_scheduler.events import (
     Stopping,
 )
 from ssh_scheduler.jobs.batch_file import Job
-from ssh_scheduler.machines.probe import GpuProcess, GpuState, HostState
-from ssh_scheduler.planner.allocate import Needs, NeedsOverride, OwnUsage
+from ssh_scheduler.jobs.needs import Needs, NeedsOverride
+from ssh_scheduler.machines.probe import GpuProcess, GpuState, HostState, OwnUsage
 from ssh_scheduler.planner.plan import (
     Action,
     Commit,

@@ -8,8 +8,8 @@ import pytest
 from ssh_scheduler.errors import UnsatisfiableError
 from ssh_scheduler.events import BatchStarted, Ended, JobNotRun, JobReattached
 from ssh_scheduler.jobs.batch_file import Job
-from ssh_scheduler.machines.probe import GpuProcess, GpuState, HostState
-from ssh_scheduler.planner.allocate import Needs, NeedsOverride, OwnUsage
+from ssh_scheduler.jobs.needs import Needs, NeedsOverride
+from ssh_scheduler.machines.probe import GpuProcess, GpuState, HostState, OwnUsage
 from ssh_scheduler.planner.plan import Action, Commit, Planner, PlanOptions, Reprobe, Say, StartJob
 from ssh_scheduler.planner.policy import Resumable
 

@@ -23,8 +23,7 @@ from ssh_scheduler.executors.transfer import (
     prepare_forward,
 )
 from ssh_scheduler.machines.config import Machine
-from ssh_scheduler.machines.probe import PROBE_COMMAND, HostState, parse_probe_output
-from ssh_scheduler.planner.allocate import OwnUsage
+from ssh_scheduler.machines.probe import PROBE_COMMAND, HostState, OwnUsage, parse_probe_output
 from ssh_scheduler.transport import Transport, connect, describe
 
 __all__ = ["AgentExecutor", "Executor", "open_executor"]

@@ -32,8 +32,7 @@ from ssh_scheduler.executors.slurm_submit import Submitter
 from ssh_scheduler.jobs.needs import Needs
 from ssh_scheduler.machines import slurm as S
 from ssh_scheduler.machines.config import Machine
-from ssh_scheduler.machines.probe import HostState
-from ssh_scheduler.planner.allocate import OwnUsage
+from ssh_scheduler.machines.probe import HostState, OwnUsage
 
 __all__ = ["SlurmExecutor", "open_slurm_executor"]
 

@@ -11,7 +11,9 @@ from enum import Enum
 
 from ssh_scheduler.events import Event
 from ssh_scheduler.jobs.batch_file import Job
-from ssh_scheduler.planner.allocate import MachineResources, Needs, Placement
+from ssh_scheduler.jobs.needs import Needs
+from ssh_scheduler.planner.allocate import MachineResources
+from ssh_scheduler.planner.placement import Placement
 from ssh_scheduler.planner.policy import HaltPolicy
 
 __all__ = [

@@ -53,7 +53,8 @@ from ssh_scheduler.events import (
     Waiting,
 )
 from ssh_scheduler.jobs.batch_file import Job
-from ssh_scheduler.machines.probe import HostState
+from ssh_scheduler.jobs.needs import Needs
+from ssh_scheduler.machines.probe import HostState, OwnUsage
 from ssh_scheduler.planner.actions import (
     FINAL_PHASES,
     Action,
@@ -71,12 +72,7 @@ from ssh_scheduler.planner.actions import (
     StartJob,
     StopBatch,
 )
-from ssh_scheduler.planner.allocate import (
-    MachineResources,
-    Needs,
-    OwnUsage,
-    choose,
-)
+from ssh_scheduler.planner.allocate import MachineResources, choose
 from ssh_scheduler.planner.plan_start import PlannerStart
 from ssh_scheduler.planner.policy import Resumable
 from ssh_scheduler.planner.probe_schedule import ProbeSchedule

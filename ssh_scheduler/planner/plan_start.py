@@ -22,7 +22,8 @@ from dataclasses import replace
 
 from ssh_scheduler.errors import TransportError, UnsatisfiableError
 from ssh_scheduler.events import BatchStarted, HostDown, JobNotRun, JobReattached
-from ssh_scheduler.machines.probe import HostState
+from ssh_scheduler.jobs.needs import Needs
+from ssh_scheduler.machines.probe import HostState, OwnUsage
 from ssh_scheduler.planner.actions import (
     Action,
     Cleanup,
@@ -33,13 +34,8 @@ from ssh_scheduler.planner.actions import (
     Say,
     StartJob,
 )
-from ssh_scheduler.planner.allocate import (
-    MachineResources,
-    Needs,
-    OwnUsage,
-    explain_unfit,
-    max_concurrent,
-)
+from ssh_scheduler.planner.allocate import MachineResources, max_concurrent
+from ssh_scheduler.planner.explain import explain_unfit
 from ssh_scheduler.planner.policy import Resumable
 from ssh_scheduler.planner.probe_schedule import ProbeSchedule
 
