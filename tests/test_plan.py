@@ -26,14 +26,12 @@ from ssh_scheduler.events import (
 from ssh_scheduler.jobs.batch_file import Job
 from ssh_scheduler.jobs.needs import Needs, NeedsOverride
 from ssh_scheduler.machines.probe import GpuState, HostState
-from ssh_scheduler.planner.plan import (
+from ssh_scheduler.planner.actions import (
     Action,
     Cleanup,
     Commit,
     Discard,
-    JobPhase,
     KillJob,
-    Planner,
     PlanOptions,
     Reprobe,
     Revive,
@@ -41,6 +39,8 @@ from ssh_scheduler.planner.plan import (
     StartJob,
     StopBatch,
 )
+from ssh_scheduler.planner.phases import JobPhase
+from ssh_scheduler.planner.plan import Planner
 from ssh_scheduler.planner.policy import Resumable, parse_halt
 
 CPU = Needs(cpus=1, memory_mb=100, gpus=0, gpu_memory_mb=0, reserve_gpu=False)

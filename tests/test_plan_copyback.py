@@ -24,18 +24,18 @@ from ssh_scheduler.events import (
 from ssh_scheduler.jobs.batch_file import Job
 from ssh_scheduler.jobs.needs import Needs, NeedsOverride
 from ssh_scheduler.machines.probe import GpuProcess, GpuState, HostState, OwnUsage
-from ssh_scheduler.planner.plan import (
+from ssh_scheduler.planner.actions import (
     Action,
     Commit,
     Discard,
-    JobPhase,
     KillJob,
-    Planner,
     PlanOptions,
     Say,
     StartJob,
     StopBatch,
 )
+from ssh_scheduler.planner.phases import JobPhase
+from ssh_scheduler.planner.plan import Planner
 from ssh_scheduler.planner.policy import parse_halt
 
 CPU = Needs(cpus=1, memory_mb=100, gpus=0, gpu_memory_mb=0, reserve_gpu=False)

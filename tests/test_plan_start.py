@@ -10,7 +10,8 @@ from ssh_scheduler.events import BatchStarted, Ended, JobNotRun, JobReattached
 from ssh_scheduler.jobs.batch_file import Job
 from ssh_scheduler.jobs.needs import Needs, NeedsOverride
 from ssh_scheduler.machines.probe import GpuProcess, GpuState, HostState, OwnUsage
-from ssh_scheduler.planner.plan import Action, Commit, Planner, PlanOptions, Reprobe, Say, StartJob
+from ssh_scheduler.planner.actions import Action, Commit, PlanOptions, Reprobe, Say, StartJob
+from ssh_scheduler.planner.plan import Planner
 from ssh_scheduler.planner.policy import Resumable
 
 CPU = Needs(cpus=1, memory_mb=100, gpus=0, gpu_memory_mb=0, reserve_gpu=False)
