@@ -349,6 +349,7 @@ def test_random_histories_end_every_job_exactly_once_within_the_gpus(monkeypatch
                 if resources is not None:
                     for capacity, others, ours in resources.gpu_promises():
                         assert others + ours <= capacity
+            assert +plan.state.tally == Counter(slot.phase for slot in plan.jobs.values())
             pending = []
             roll = rng.random()
             if running and roll < 0.6:

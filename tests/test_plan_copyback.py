@@ -271,6 +271,7 @@ def test_random_histories_with_copy_backs_in_flight(monkeypatch: pytest.MonkeyPa
                     for capacity, others, ours in resources.gpu_promises():
                         assert others + ours <= capacity
             assert set(plan.running()) == running and set(plan.copying_back()) == copying
+            assert +plan.state.tally == Counter(slot.phase for slot in plan.jobs.values())
             pending = []
             roll = rng.random()
             if running and roll < 0.35:

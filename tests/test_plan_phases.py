@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import itertools
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,16 @@ def test_every_move_the_table_does_not_list_is_refused(old: JobPhase, new: JobPh
         return
     with pytest.raises(PlannerBug, match=f"job j cannot go from {old.value} to {new.value}"):
         move(slot, new)
-    assert slot.phase is old  # refused before anything changed
+    assert slot.phase is old and not slot.tally  # refused before anything changed
+
+
+def test_a_batchs_jobs_share_one_count_of_jobs_per_phase() -> None:
+    tally: Counter[JobPhase] = Counter({JobPhase.QUEUED: 2})
+    a, b = (JobSlot(Job(name, "true", 1), tally=tally) for name in "ab")
+    move(a, JobPhase.RUNNING)
+    move(a, JobPhase.COPYING)
+    move(b, JobPhase.CANCELLED)
+    assert +tally == Counter({JobPhase.COPYING: 1, JobPhase.CANCELLED: 1})
 
 
 def _reachable(start: JobPhase) -> set[JobPhase]:

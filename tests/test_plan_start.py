@@ -273,6 +273,7 @@ def test_random_starts_open_once_and_every_job_ends(monkeypatch: pytest.MonkeyPa
                 if up:
                     take(plan.probe_failed(rng.choice(up), "probe failed"))
         assert plan.done, seed
+        assert +plan.state.tally == Counter(slot.phase for slot in plan.jobs.values())
         assert all(count == 1 for count in ends.values()), (seed, ends)
         assert set(ends) | set(plan.unfinished()) == set(plan.jobs), seed
         assert not (set(ends) & set(plan.unfinished())), seed

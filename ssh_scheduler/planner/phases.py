@@ -13,6 +13,7 @@ The four final phases (:data:`FINAL_PHASES`) have no way out: a job ends once.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -75,7 +76,9 @@ class PlannerBug(RuntimeError):
 
 @dataclass(slots=True)
 class JobSlot:
-    """What the planner keeps per job.  Its ``phase`` changes only through :func:`move`."""
+    """What the planner keeps per job.  Its ``phase`` changes only through :func:`move`, which
+    also keeps ``tally``, the count of jobs per phase that every job of a batch shares (so
+    "does anything run?" is not a walk over every job after every event)."""
 
     job: Job
     needs: Needs = Needs()
@@ -87,6 +90,7 @@ class JobSlot:
     killing: str | None = None
     waiting_on: int = 0
     probes_before: int = 0  # probes its host had seen when it was placed (see probe_schedule)
+    tally: Counter[JobPhase] = field(default_factory=Counter, repr=False, compare=False)
 
 
 def move(slot: JobSlot, to: JobPhase) -> None:
@@ -97,6 +101,8 @@ def move(slot: JobSlot, to: JobPhase) -> None:
             f"bug: job {slot.job.name} cannot go from {slot.phase.value} to {to.value} "
             f"(from {slot.phase.value}: {allowed})"
         )
+    slot.tally[slot.phase] -= 1
+    slot.tally[to] += 1
     slot.phase = to
 
 

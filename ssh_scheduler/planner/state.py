@@ -9,7 +9,7 @@ the queue, a job's dependents, reviving a host.  Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -49,6 +49,8 @@ class PlanState:
     paused: bool = False
     last_wait: str = ""
     """The reason of the last Waiting said (each reason is said once)."""
+    tally: Counter[JobPhase] = field(default_factory=Counter)
+    """Jobs per phase, shared by every job's slot and kept by :func:`~ssh_scheduler.planner.phases.move`."""
 
     @classmethod
     def new(
@@ -82,7 +84,8 @@ class PlanState:
                 phase = JobPhase.NOT_RUN
             else:
                 phase = JobPhase.BLOCKED if waiting_on else JobPhase.QUEUED
-            state.jobs[job.name] = JobSlot(job, phase=phase, waiting_on=waiting_on)
+            state.jobs[job.name] = JobSlot(job, phase=phase, waiting_on=waiting_on, tally=state.tally)
+            state.tally[phase] += 1
         return state
 
     @property
@@ -111,7 +114,7 @@ class PlanState:
 
     def busy(self) -> bool:
         """Some job of ours runs or copies its results back."""
-        return any(slot.phase in (JobPhase.RUNNING, JobPhase.COPYING) for slot in self.jobs.values())
+        return self.tally[JobPhase.RUNNING] + self.tally[JobPhase.COPYING] > 0
 
     def usable(self) -> list[MachineResources]:
         """The resources of every host that may take jobs now."""
