@@ -1,10 +1,11 @@
 """The planner: every decision of a batch as a pure state machine.  Events in, actions out.
 
-The coordinator (``coordinator/batch.py``) performs I/O and tells the planner what happened by calling
-one method per event (a probe landed, a job started or exited, a host was lost or came back, a
-timer fired, the user asked to stop); each method returns the :data:`Action` list to perform:
-start a job on a host and GPUs, kill a job, discard or commit an attempt's results, re-probe,
-revive a host, clean up what a host still holds, and :class:`Say` an event to the event stream.
+The coordinator (``coordinator/batch.py``) performs I/O and tells the planner what happened by
+calling one method per event (a probe landed, a job started or exited, a host was lost or came
+back, a timer fired, the user asked to stop); each method returns the :data:`Action` list to
+perform: start a job on a host and GPUs, kill a job, discard or commit an attempt's results,
+re-probe, revive a host, clean up what a host still holds, and :class:`Say` an event to the
+event stream.
 Nothing here awaits, sleeps or touches a socket or a file (httpcore's connection pool and h11's
 state machine are the models), so every rule is tested with plain values and replayed event
 sequences (tests/test_plan.py).
@@ -216,6 +217,8 @@ class Planner:
         return self.start.probe_landed(host, state, own, generation, agent_jobs, now)
 
     def probe_failed(self, host: str, reason: str) -> list[Action]:
+        """A probe failed: before the batch opened, the host did not answer (as
+        :meth:`host_unreachable`); later, it is down (and revived in the background)."""
         slot = self.hosts[host]
         if not slot.answered or not self.state.began:
             return self.start.host_unreachable(host, reason)

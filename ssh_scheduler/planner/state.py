@@ -130,7 +130,7 @@ class PlanState:
         return [Revive(host.name)]
 
     def finished(self, job: str) -> None:
-        """``job`` finished: the jobs waiting for it alone are queued."""
+        """``job`` finished: each job that waited for it and nothing else any more is queued."""
         for name in self.dependents.get(job, ()):
             waiting = self.jobs[name]
             waiting.waiting_on -= 1
