@@ -40,6 +40,14 @@ class UnsatisfiableError(SchedulerError):
     """A job asks for more than any machine could ever give it."""
 
 
+class NoUsableHostError(SchedulerError):
+    """No host of the batch can run anything (each is unreachable, quarantined or unusable):
+    nothing was run.  Decided by the planner, which knows nothing of transports; it exits like
+    a connection error (255, as ``ssh`` does when it cannot reach its host)."""
+
+    exit_code = 255
+
+
 class ProbeError(SchedulerError):
     """A host's probe output could not be understood."""
 

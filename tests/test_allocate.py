@@ -6,17 +6,11 @@ from collections import deque
 import pytest
 
 from ssh_scheduler.errors import ConfigError, SchedulerError
-from ssh_scheduler.machines.probe import GpuProcess, GpuState, HostState
-from ssh_scheduler.planner.allocate import (
-    MachineResources,
-    Needs,
-    NoFit,
-    OwnUsage,
-    Placement,
-    choose,
-    explain_unfit,
-    max_concurrent,
-)
+from ssh_scheduler.jobs.needs import Needs
+from ssh_scheduler.machines.probe import GpuProcess, GpuState, HostState, OwnUsage
+from ssh_scheduler.planner.allocate import MachineResources, choose, max_concurrent
+from ssh_scheduler.planner.explain import explain_unfit
+from ssh_scheduler.planner.placement import NoFit, Placement
 
 CPU_ONLY = Needs(gpus=0)
 SHARED = Needs(reserve_gpu=False)

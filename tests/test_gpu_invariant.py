@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from ssh_scheduler.machines.probe import PROBE_SCRIPT, GpuProcess, GpuState, HostState
-from ssh_scheduler.planner.allocate import MachineResources, Needs, OwnUsage, choose
+from ssh_scheduler.jobs.needs import Needs
+from ssh_scheduler.machines.probe import PROBE_SCRIPT, GpuProcess, GpuState, HostState, OwnUsage
+from ssh_scheduler.planner.allocate import MachineResources, choose
 
 TOTAL = 16384
 DRIVER_RESERVED = 480  # memory.total - (used + free) on a real H100 capture

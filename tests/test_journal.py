@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ssh_scheduler.jobs.batch_file import Job
-from ssh_scheduler.planner.policy import Resumable, changed_commands, in_flight
+from ssh_scheduler.planner.policy import Resumable
 from ssh_scheduler.results.journal import (
     JOURNAL_NAME,
     Journal,
@@ -13,6 +13,7 @@ from ssh_scheduler.results.journal import (
     last_states,
     read_journal,
 )
+from ssh_scheduler.results.resume import changed_commands, in_flight
 
 
 def test_a_torn_last_line_is_ignored(tmp_path: Path) -> None:

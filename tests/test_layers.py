@@ -12,7 +12,7 @@ import pytest
 import ssh_scheduler
 
 PACKAGE = Path(ssh_scheduler.__file__).parent
-PURE = ("planner.actions", "planner.allocate", "jobs.batch_file", "planner.fit", "jobs.needs", "results.combine", "machines.config", "events", "machines.hostlist", "results.journal", "planner.plan", "planner.plan_start", "planner.policy", "machines.probe", "planner.probe_schedule", "machines.slurm", "executors.slurm_array", "view.terminal")
+PURE = ("planner.actions", "planner.allocate", "jobs.batch_file", "planner.deadlines", "planner.dispatch", "planner.explain", "planner.gpus", "planner.observed", "planner.phases", "planner.placement", "planner.state", "results.resume", "jobs.needs", "results.combine", "machines.config", "events", "machines.hostlist", "results.journal", "planner.plan", "planner.plan_start", "planner.policy", "machines.probe", "planner.probe_schedule", "machines.slurm", "executors.slurm_array", "view.terminal")
 
 
 @pytest.mark.parametrize("module", PURE)

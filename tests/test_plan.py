@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import sys
 from collections import Counter
 
 import pytest
@@ -24,16 +25,15 @@ from ssh_scheduler.events import (
     Waiting,
 )
 from ssh_scheduler.jobs.batch_file import Job
+from ssh_scheduler.jobs.needs import Needs, NeedsOverride
 from ssh_scheduler.machines.probe import GpuState, HostState
-from ssh_scheduler.planner.allocate import Needs, NeedsOverride
-from ssh_scheduler.planner.plan import (
+from ssh_scheduler.planner import phases
+from ssh_scheduler.planner.actions import (
     Action,
     Cleanup,
     Commit,
     Discard,
-    JobPhase,
     KillJob,
-    Planner,
     PlanOptions,
     Reprobe,
     Revive,
@@ -41,6 +41,8 @@ from ssh_scheduler.planner.plan import (
     StartJob,
     StopBatch,
 )
+from ssh_scheduler.planner.phases import JobPhase, JobSlot
+from ssh_scheduler.planner.plan import Planner
 from ssh_scheduler.planner.policy import Resumable, parse_halt
 
 CPU = Needs(cpus=1, memory_mb=100, gpus=0, gpu_memory_mb=0, reserve_gpu=False)
@@ -82,6 +84,25 @@ def finish(plan: Planner, name: str, code: int = 0) -> list[Action]:
     if any(isinstance(a, Commit) for a in actions):
         actions += plan.job_committed(name, Ended(code), now=1.0)
     return actions
+
+
+Moves = Counter[tuple[JobPhase, JobPhase]]
+
+
+def record_moves(monkeypatch: pytest.MonkeyPatch) -> Moves:
+    """From now on, every phase move the planner makes, counted: each goes through phases.move
+    (which refuses what its table does not list), wherever the planner's modules call it from."""
+    seen: Moves = Counter()
+    real = phases.move
+
+    def recording(slot: JobSlot, to: JobPhase) -> None:
+        seen[slot.phase, to] += 1
+        real(slot, to)
+
+    for module in list(sys.modules.values()):
+        if module.__name__.startswith("ssh_scheduler.planner") and getattr(module, "move", None) is real:
+            monkeypatch.setattr(module, "move", recording)
+    return seen
 
 
 def test_placement_fills_the_hosts_then_waits_for_room() -> None:
@@ -167,6 +188,31 @@ def test_a_dependency_that_failed_in_an_earlier_run() -> None:
     assert [e.job for e in events(actions, JobNotRun)] == ["test"] and not starts(actions)
     _ok, actions = planner(batch, hosts=1, already_done={"train": True})
     assert [s.job.name for s in starts(actions)] == ["test"]
+
+
+def test_a_job_whose_dependency_failed_earlier_is_not_run_even_if_it_waits_for_others_too() -> None:
+    batch = [
+        Job("train", "t", 1),
+        Job("test", "e", 2, after=("prep", "data", "train")),  # data ran fine, prep failed earlier
+        Job("report", "r", 3, after=("test",)),
+    ]
+    plan, actions = planner(batch, hosts=1, already_done={"prep": False, "data": True})
+    said = {e.job: e.reason for e in events(actions, JobNotRun)}
+    assert said == {"test": "prep failed in an earlier run (--retry-failed reruns it)", "report": "test will not run"}
+    assert [s.job.name for s in starts(actions)] == ["train"]
+    assert not starts(finish(plan, "train"))  # its end does not start test
+    assert plan.done and sorted(plan.unfinished()) == ["report", "test"]
+
+
+def test_a_job_cancelled_before_the_batch_opens_stops_what_waits_for_it() -> None:
+    plan = Planner([Job("a", "x", 1), Job("b", "y", 2, after=("a",))], [("h0", "h0")], DEFAULT)
+    cancelled = plan.cancel("a")  # from another terminal, while the hosts still connect
+    assert [e.job for e in events(cancelled, JobCancelled)] == ["a"]
+    assert [e.reason for e in events(cancelled, JobNotRun)] == ["a was cancelled"]
+    plan.probe_landed("h0", host_state())
+    opened = plan.begin("t") + plan.kick()
+    assert events(opened, BatchStarted) and not events(opened, JobNotRun) and not starts(opened)
+    assert plan.done
 
 
 def test_mixed_needs_a_big_gpu_job_does_not_hold_back_cpu_jobs() -> None:
@@ -269,10 +315,13 @@ def test_waiting_is_said_once_per_reason_and_all_down_ends_the_batch() -> None:
 # -- replayed random histories -----------------------------------------------------------------
 
 
-def test_random_histories_end_every_job_exactly_once_within_the_gpus() -> None:
+def test_random_histories_end_every_job_exactly_once_within_the_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
     """Thousands of interleaved probes, starts, exits (ok, failed, host lost), host returns and
     stops: every job ends exactly once, never runs twice at once, and no GPU is ever promised
-    more memory than it has."""
+    more memory than it has; every job moves only as the phase table allows, and each history
+    finishes with every job ended or (if a stop or every host's loss ended it early, or a job it
+    waits for failed) not run."""
+    moves = record_moves(monkeypatch)
     total_jobs = 0
     for seed in range(60):
         rng = random.Random(seed)
@@ -300,6 +349,7 @@ def test_random_histories_end_every_job_exactly_once_within_the_gpus() -> None:
                 if resources is not None:
                     for capacity, others, ours in resources.gpu_promises():
                         assert others + ours <= capacity
+            assert +plan.state.tally == Counter(slot.phase for slot in plan.jobs.values())
             pending = []
             roll = rng.random()
             if running and roll < 0.6:
@@ -327,5 +377,12 @@ def test_random_histories_end_every_job_exactly_once_within_the_gpus() -> None:
                 break
         assert all(count == 1 for count in ends.values()), ends
         assert not (set(ends) & set(plan.unfinished()))
+        assert plan.done, seed
+        assert set(ends) | set(plan.unfinished()) == set(plan.jobs), seed
+        if not plan.draining:  # nothing stopped it: what did not end was never to run
+            assert all(plan.phase(name) is JobPhase.NOT_RUN for name in plan.unfinished()), seed
         total_jobs += len(ends)
     assert total_jobs > 1000
+    Q, R, C = JobPhase.QUEUED, JobPhase.RUNNING, JobPhase.COPYING
+    every = {(Q, R), (R, C), (C, JobPhase.FINISHED), (C, JobPhase.FAILED), (R, Q), (R, JobPhase.CANCELLED)}
+    assert set(moves) == every, moves  # retries, lost hosts and stops took every way they have

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from ssh_scheduler.events import BatchPaused, BatchResumed, JobCancelled, JobNotRun, Notice
 from ssh_scheduler.jobs.batch_file import Job
-from ssh_scheduler.planner.plan import JobPhase, KillJob, StartJob
+from ssh_scheduler.planner.actions import KillJob, StartJob
+from ssh_scheduler.planner.phases import JobPhase
 from tests.test_plan import events, finish, jobs, planner, starts
 
 

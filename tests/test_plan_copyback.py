@@ -12,6 +12,8 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+import pytest
+
 from ssh_scheduler.events import (
     Ended,
     JobCancelled,
@@ -22,21 +24,22 @@ from ssh_scheduler.events import (
     Stopping,
 )
 from ssh_scheduler.jobs.batch_file import Job
-from ssh_scheduler.machines.probe import GpuProcess, GpuState, HostState
-from ssh_scheduler.planner.allocate import Needs, NeedsOverride, OwnUsage
-from ssh_scheduler.planner.plan import (
+from ssh_scheduler.jobs.needs import Needs, NeedsOverride
+from ssh_scheduler.machines.probe import GpuProcess, GpuState, HostState, OwnUsage
+from ssh_scheduler.planner.actions import (
     Action,
     Commit,
     Discard,
-    JobPhase,
     KillJob,
-    Planner,
     PlanOptions,
     Say,
     StartJob,
     StopBatch,
 )
+from ssh_scheduler.planner.phases import JobPhase
+from ssh_scheduler.planner.plan import Planner
 from ssh_scheduler.planner.policy import parse_halt
+from tests.test_plan import record_moves
 
 CPU = Needs(cpus=1, memory_mb=100, gpus=0, gpu_memory_mb=0, reserve_gpu=False)
 GPU = Needs(cpus=0.5, memory_mb=100, gpus=1, gpu_memory_mb=9000, reserve_gpu=False)
@@ -161,6 +164,28 @@ def test_the_second_stop_cancels_a_copy_back_once() -> None:
     assert plan.hosts["h0"].copying == 0 and plan.done
 
 
+def test_the_second_stop_while_a_failed_attempt_discards_its_folder_ends_the_job_once() -> None:
+    # The coordinator's task of a failed attempt removes its folder on the host (Discard) while
+    # the retry is placed, runs, even ends; the second stop cancels every task, that one too.
+    plan, _ = planner(jobs(1), PlanOptions(CPU, retries=1), hosts=2)
+    assert Discard("j0", "h0") in exit_(plan, "j0", code=3)  # the retry runs on h1 at once
+    assert Commit("j0") in exit_(plan, "j0")
+    assert said(plan.job_committed("j0", Ended(0)), JobFinished)
+    plan.stop()
+    plan.stop()
+    assert plan.job_cancelled("j0") == []  # the old attempt's task: the job already ended
+    assert plan.phase("j0") is JobPhase.FINISHED and plan.done
+    # The retry still waits in the queue when the second stop comes: the job ends cancelled.
+    plan, _ = planner(jobs(1), PlanOptions(CPU, retries=1))
+    plan.pause()
+    assert started(exit_(plan, "j0", code=3)) == [] and plan.phase("j0") is JobPhase.QUEUED
+    plan.stop()
+    assert not any(isinstance(a, KillJob) for a in plan.stop())
+    assert [e.job for e in said(plan.job_cancelled("j0"), JobCancelled)] == ["j0"]
+    assert plan.job_cancelled("j0") == [] and plan.done and plan.unfinished() == []
+    assert not plan.kick() and not any(plan.state.queues.values())  # out of the queue too
+
+
 def test_copy_backs_in_flight_per_host_are_bounded() -> None:
     plan, actions = planner(jobs(8), PlanOptions(CPU, copy_backs_per_host=2), cpus=2)
     assert started(actions) == ["j0", "j1"]
@@ -197,11 +222,12 @@ def test_a_gpu_freed_at_exit_stays_charged_until_a_probe_asked_after_the_exit() 
 # -- replayed random histories: exits and commits interleaved ------------------------------------
 
 
-def test_random_histories_with_copy_backs_in_flight() -> None:
+def test_random_histories_with_copy_backs_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
     """Exits, commits (ok or failed), host losses, probes (some asked before a release), cancels,
     ``--halt`` and stops interleave at random: every job ends exactly once, never runs twice at
     once (a copying-back job is not placed again), no GPU is promised more than it has, and no
     job is placed on a host with the bound of copy-backs in flight."""
+    moves = record_moves(monkeypatch)
     total = overlapped = 0
     for seed in range(60):
         rng = random.Random(seed)
@@ -245,6 +271,7 @@ def test_random_histories_with_copy_backs_in_flight() -> None:
                     for capacity, others, ours in resources.gpu_promises():
                         assert others + ours <= capacity
             assert set(plan.running()) == running and set(plan.copying_back()) == copying
+            assert +plan.state.tally == Counter(slot.phase for slot in plan.jobs.values())
             pending = []
             roll = rng.random()
             if running and roll < 0.35:
@@ -297,5 +324,14 @@ def test_random_histories_with_copy_backs_in_flight() -> None:
                 break
         assert all(count == 1 for count in ends.values()), ends
         assert not (set(ends) & set(plan.unfinished()))
+        assert plan.done, seed
+        assert set(ends) | set(plan.unfinished()) == set(plan.jobs), seed
+        if not plan.draining:  # nothing stopped it: what did not end was never to run
+            assert all(plan.phase(name) is JobPhase.NOT_RUN for name in plan.unfinished()), seed
         total += len(ends)
     assert total > 1000 and overlapped > 500, (total, overlapped)
+    B, Q, R, C = JobPhase.BLOCKED, JobPhase.QUEUED, JobPhase.RUNNING, JobPhase.COPYING
+    cancelled = JobPhase.CANCELLED
+    every = {(B, Q), (B, JobPhase.NOT_RUN), (Q, R), (R, C), (R, Q), (R, cancelled), (C, cancelled)}
+    every |= {(C, JobPhase.FINISHED), (C, JobPhase.FAILED)}
+    assert set(moves) == every, moves

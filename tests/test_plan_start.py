@@ -3,15 +3,29 @@ never holding back the others, and probes bounded however many jobs turn over.""
 
 from __future__ import annotations
 
+import random
+from collections import Counter
+
 import pytest
 
-from ssh_scheduler.errors import UnsatisfiableError
-from ssh_scheduler.events import BatchStarted, Ended, JobNotRun, JobReattached
+from ssh_scheduler.errors import NoUsableHostError, TransportError, UnsatisfiableError
+from ssh_scheduler.events import (
+    BatchStarted,
+    Ended,
+    JobCancelled,
+    JobFailed,
+    JobFinished,
+    JobNotRun,
+    JobReattached,
+)
 from ssh_scheduler.jobs.batch_file import Job
-from ssh_scheduler.machines.probe import GpuProcess, GpuState, HostState
-from ssh_scheduler.planner.allocate import Needs, NeedsOverride, OwnUsage
-from ssh_scheduler.planner.plan import Action, Commit, Planner, PlanOptions, Reprobe, Say, StartJob
+from ssh_scheduler.jobs.needs import Needs, NeedsOverride
+from ssh_scheduler.machines.probe import GpuProcess, GpuState, HostState, OwnUsage
+from ssh_scheduler.planner.actions import Action, Commit, PlanOptions, Reprobe, Say, StartJob
+from ssh_scheduler.planner.phases import JobPhase
+from ssh_scheduler.planner.plan import Planner
 from ssh_scheduler.planner.policy import Resumable
+from tests.test_plan import record_moves
 
 CPU = Needs(cpus=1, memory_mb=100, gpus=0, gpu_memory_mb=0, reserve_gpu=False)
 
@@ -150,3 +164,120 @@ def test_a_release_a_probe_saw_asks_one_probe_per_gap_while_jobs_wait() -> None:
     assert plan.tick(17.0) == []  # coalesced: both releases, one probe
     plan.probe_landed("h0", state(), now=17.2)
     assert plan.next_deadline() == 17.2 + 15.0  # nothing stale any more: periodic only
+
+
+def test_no_usable_host_is_the_planners_own_error_not_a_transports() -> None:
+    plan = Planner(batch(2), hosts(2), PlanOptions(CPU))
+    plan.begin("t")
+    plan.host_unreachable("h0", "h0: connection refused")
+    with pytest.raises(NoUsableHostError) as refused:
+        plan.probe_failed("h1", "h1: probe failed: no answer in 30 s")
+    assert not isinstance(refused.value, TransportError)
+    assert refused.value.exit_code == 255  # as before: a batch that reached no host exits like ssh
+    assert str(refused.value) == "no usable host (h0: h0: connection refused; h1: h1: probe failed: no answer in 30 s)"
+
+
+# -- replayed random starts ----------------------------------------------------------------------
+
+
+class Seen:
+    """What a replayed history's actions said: jobs running, ends, BatchStarted."""
+
+    def __init__(self, plan: Planner) -> None:
+        self.plan = plan
+        self.running: set[str] = set()
+        self.ends: Counter[str] = Counter()
+        self.opened = 0
+
+    def take(self, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, StartJob):
+                assert action.job.name not in self.running
+                assert self.plan.hosts[action.placement.machine].usable
+                self.running.add(action.job.name)
+            elif isinstance(action, Say) and isinstance(action.event, BatchStarted):
+                self.opened += 1
+            elif isinstance(action, Say) and isinstance(action.event, JobFinished | JobFailed | JobCancelled):
+                self.ends[action.event.job] += 1
+
+
+def test_random_starts_open_once_and_every_job_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hosts answer in any order (a probe landing with what an earlier run left there, an
+    unreachable host, a failed probe), around begin() and the slow hosts called overdue; jobs
+    wait for others, some need a big host, some an earlier run left on a host.  Then the jobs run
+    while hosts fail and come back.  Each batch is refused before anything starts (no usable
+    host, a job nothing could ever fit) or opens exactly once; no job starts twice or runs on a
+    host that is down; every job moves only as the phase table allows and ends exactly once, and
+    the batch finishes with every job ended or not run."""
+    moves = record_moves(monkeypatch)
+    opened = refused = 0
+    for seed in range(200):
+        rng = random.Random(seed)
+        names = [name for name, _ in hosts(rng.randint(1, 4))]
+        cpus = {h: rng.choice([1, 2, 8]) for h in names}
+        gpus = {h: rng.choice([0, 0, 1, 2]) for h in names}
+        jobs = [
+            Job(
+                f"j{i}", "true", i + 1,
+                needs=NeedsOverride(cpus=4) if rng.random() < 0.1 else NeedsOverride(),
+                after=(f"j{i - 1}",) if i and rng.random() < 0.2 else (),
+            )
+            for i in range(12)
+        ]  # fmt: skip
+        left = {job.name: Resumable(job.name, rng.choice(names), ()) for job in jobs if rng.random() < 0.2}
+        base = CPU if rng.random() < 0.5 else Needs(cpus=1, memory_mb=100)  # or one GPU by default
+        plan = Planner(jobs, hosts(len(names)), PlanOptions(base, retries=rng.choice([0, 1])), resumable=left)
+        seen = Seen(plan)
+        take, running, ends = seen.take, seen.running, seen.ends
+
+        script: list[str] = ["begin", "overdue", *names]
+        rng.shuffle(script)
+        try:
+            for step in script:
+                if step == "begin":
+                    take(plan.begin("t") + plan.kick())
+                elif step == "overdue":
+                    take(plan.probes_overdue())
+                elif (roll := rng.random()) < 0.7:
+                    found = {name: True for name, entry in left.items() if entry.host == step and rng.random() < 0.7}
+                    state_ = state(cpus[step], gpus[step])
+                    take(plan.probe_landed(step, state_, now=0.0, agent_jobs={**found, "stranger": False}))
+                elif roll < 0.85:
+                    take(plan.host_unreachable(step, f"{step}: connection refused"))
+                else:
+                    take(plan.probe_failed(step, f"{step}: probe failed"))
+        except (NoUsableHostError, UnsatisfiableError):
+            assert not running and seen.opened == 0  # refused before anything ran
+            refused += 1
+            continue
+        assert plan.began and seen.opened == 1  # every host answered after begin: it opened, once
+        opened += 1
+        for _step in range(500):
+            if plan.done and not running:
+                break
+            roll = rng.random()
+            reviving = [h for h in names if plan.hosts[h].reviving]
+            if running and roll < 0.8:
+                name = rng.choice(sorted(running))
+                running.discard(name)
+                plan.job_started(name, 0.0)
+                ended = Ended(0 if rng.random() < 0.85 else 1)
+                actions = plan.job_exited(name, ended)
+                if Commit(name) in actions:
+                    actions += plan.job_committed(name, ended)
+                take(actions)
+            elif reviving and roll < 0.95:
+                take(plan.host_back(rng.choice(reviving), state(8, 2)))
+            else:
+                up = [h for h in names if plan.hosts[h].usable]
+                if up:
+                    take(plan.probe_failed(rng.choice(up), "probe failed"))
+        assert plan.done, seed
+        assert +plan.state.tally == Counter(slot.phase for slot in plan.jobs.values())
+        assert all(count == 1 for count in ends.values()), (seed, ends)
+        assert set(ends) | set(plan.unfinished()) == set(plan.jobs), seed
+        assert not (set(ends) & set(plan.unfinished())), seed
+        if not plan.draining:  # nothing stopped it: what did not end was never to run
+            assert all(plan.phase(name) is JobPhase.NOT_RUN for name in plan.unfinished()), seed
+    assert opened > 100 and refused > 10, (opened, refused)
+    assert (JobPhase.QUEUED, JobPhase.RUNNING) in moves and (JobPhase.BLOCKED, JobPhase.NOT_RUN) in moves

@@ -28,8 +28,9 @@ from ssh_scheduler.executors.transfer import CopyLimits
 from ssh_scheduler.jobs.batch_file import Job
 from ssh_scheduler.jobs.forward import ForwardPolicy
 from ssh_scheduler.planner.allocate import Needs
-from ssh_scheduler.planner.policy import HaltPolicy, Resumable, changed_commands, in_flight
+from ssh_scheduler.planner.policy import HaltPolicy, Resumable
 from ssh_scheduler.results.journal import JobState, batch_token, last_states
+from ssh_scheduler.results.resume import changed_commands, in_flight
 
 __all__ = ["BatchOptions", "BatchSummary", "JobOutcome", "Selection", "select_jobs", "set_aside"]
 

@@ -22,6 +22,7 @@ from ssh_scheduler.errors import (
     AgentStartError,
     AuthenticationError,
     HostKeyError,
+    NoUsableHostError,
     ProbeError,
     SchedulerError,
     TransportError,
@@ -146,12 +147,12 @@ class Hosts:
             down = self.planner.hosts[host].down
             if down is not None:
                 self.bus.publish(HostDown(host=host, reason=down, at_start=True))
-            if not isinstance(exc, TransportError):
+            if not isinstance(exc, NoUsableHostError):
                 raise
             if self._unusable:
-                raise TransportError(f"no host could be used, nothing was run: {'; '.join(self._unusable.values())}") from None
+                raise NoUsableHostError(f"no host could be used, nothing was run: {'; '.join(self._unusable.values())}") from None
             if not self.executors:
-                raise TransportError("no host could be reached; nothing was run") from None
+                raise NoUsableHostError("no host could be reached; nothing was run") from None
             raise exc from None
 
     async def open(self, machine: Machine) -> Executor:

@@ -1,4 +1,4 @@
-"""What a job needs and where it was placed: plain values shared by the planner and the core.
+"""What a job needs: plain values shared by the planner and the core.
 
 See :mod:`ssh_scheduler.planner.allocate` for how needs are counted against a host.
 """
@@ -16,9 +16,6 @@ __all__ = [
     "GPU_UTILIZATION_TOLERANCE",
     "Needs",
     "NeedsOverride",
-    "NoFit",
-    "OwnUsage",
-    "Placement",
     "cpus_text",
     "plural",
 ]
@@ -33,14 +30,6 @@ a GPU that shows 3 % from a monitoring process should still share it."""
 
 EPS = 1e-9
 """Slack for float comparisons of CPUs and utilization."""
-
-
-class NoFit(Exception):
-    """A job does not fit on a machine *now*: an expected scheduling outcome, not a user error.
-
-    Deliberately not a :class:`~ssh_scheduler.errors.SchedulerError`; a job that can *never*
-    fit is reported through :func:`explain_unfit` / ``UnsatisfiableError`` instead.
-    """
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,28 +91,6 @@ class NeedsOverride:
         if needs.gpus == 0:  # GPU fields mean nothing then; keep equal needs equal
             needs = Needs(needs.cpus, needs.memory_mb, 0, 0, 0.0, needs.reserve_machine, False)
         return needs
-
-
-@dataclass(frozen=True, slots=True)
-class Placement:
-    """Where a job runs: ``gpu_indices`` are ``nvidia-smi`` indices in the probe's order (empty
-    for a job without GPUs); ``gpu_uuids`` are the same GPUs' UUIDs, which also suit
-    ``CUDA_VISIBLE_DEVICES`` and, unlike indices, do not depend on ``CUDA_DEVICE_ORDER``."""
-
-    machine: str
-    job_id: str
-    gpu_indices: tuple[int, ...]
-    needs: Needs
-    gpu_uuids: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class OwnUsage:
-    """What one of our running jobs is observed to use, as reported by our agent on the host:
-    its process ids (to recognise its GPU processes) and its total RSS in MiB."""
-
-    pids: frozenset[int]
-    rss_mb: int = 0
 
 
 def plural(count: int, word: str) -> str:

@@ -35,6 +35,7 @@ __all__ = [
     "GpuProcess",
     "GpuState",
     "HostState",
+    "OwnUsage",
     "parse_compute_apps",
     "parse_gpu_query",
     "parse_loadavg",
@@ -96,6 +97,15 @@ class HostState:
     job_slots: int | None = None
     """Set for a batch system's queue (a Slurm login node): at most this many of our jobs at
     once, whatever the resources say (they are placeholders: the batch system places jobs)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OwnUsage:
+    """What one of our running jobs is observed to use on a host, as our agent reports it beside
+    the probe: its process ids (to recognise its GPU processes) and its total RSS in MiB."""
+
+    pids: frozenset[int]
+    rss_mb: int = 0
 
 
 GPU_QUERY_FIELDS = (

@@ -1,28 +1,27 @@
-"""The planner's vocabulary: the actions it returns and the state it keeps per host and job.
+"""The planner's vocabulary: the actions it returns, its options and the state it keeps per host
+(per job: :mod:`ssh_scheduler.planner.phases`).
 
-Actions are plain frozen values; the coordinator (``scheduler.py``) performs them.  See
+Actions are plain frozen values; the coordinator (``coordinator/batch.py``) performs them.  See
 :mod:`ssh_scheduler.planner.plan` for who decides what.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from enum import Enum
+from dataclasses import dataclass
 
 from ssh_scheduler.events import Event
 from ssh_scheduler.jobs.batch_file import Job
-from ssh_scheduler.planner.allocate import MachineResources, Needs, Placement
+from ssh_scheduler.jobs.needs import Needs
+from ssh_scheduler.planner.allocate import MachineResources
+from ssh_scheduler.planner.placement import Placement
 from ssh_scheduler.planner.policy import HaltPolicy
 
 __all__ = [
-    "FINAL_PHASES",
     "Action",
     "Cleanup",
     "Commit",
     "Discard",
     "HostSlot",
-    "JobPhase",
-    "JobSlot",
     "KillJob",
     "PlanOptions",
     "Reprobe",
@@ -110,20 +109,6 @@ Action = StartJob | KillJob | Commit | Discard | Reprobe | Revive | Cleanup | St
 # -- state -----------------------------------------------------------------------------------------
 
 
-class JobPhase(Enum):
-    BLOCKED = "blocked"  # waits for jobs in ``after``
-    QUEUED = "queued"
-    RUNNING = "running"  # placed: staging or running
-    COPYING = "copying"  # exited, its results on their way home: its room is free again
-    FINISHED = "finished"
-    FAILED = "failed"
-    NOT_RUN = "not_run"
-    CANCELLED = "cancelled"
-
-
-FINAL_PHASES = frozenset({JobPhase.FINISHED, JobPhase.FAILED, JobPhase.NOT_RUN, JobPhase.CANCELLED})
-
-
 @dataclass(frozen=True, slots=True)
 class PlanOptions:
     needs: Needs = Needs()
@@ -158,17 +143,3 @@ class HostSlot:
     @property
     def usable(self) -> bool:
         return self.down is None and self.resources is not None and not self.quarantined
-
-
-@dataclass(slots=True)
-class JobSlot:
-    job: Job
-    needs: Needs = Needs()
-    phase: JobPhase = JobPhase.QUEUED
-    attempt: int = 1
-    failed_on: list[str] = field(default_factory=list)
-    placement: Placement | None = None
-    started_at: float | None = None
-    killing: str | None = None
-    waiting_on: int = 0
-    probes_before: int = 0  # probes its host had seen when it was placed (see probe_schedule)

@@ -1,10 +1,11 @@
 """The planner: every decision of a batch as a pure state machine.  Events in, actions out.
 
-The coordinator (``scheduler.py``) performs I/O and tells the planner what happened by calling
-one method per event (a probe landed, a job started or exited, a host was lost or came back, a
-timer fired, the user asked to stop); each method returns the :data:`Action` list to perform:
-start a job on a host and GPUs, kill a job, discard or commit an attempt's results, re-probe,
-revive a host, clean up what a host still holds, and :class:`Say` an event to the event stream.
+The coordinator (``coordinator/batch.py``) performs I/O and tells the planner what happened by
+calling one method per event (a probe landed, a job started or exited, a host was lost or came
+back, a timer fired, the user asked to stop); each method returns the :data:`Action` list to
+perform: start a job on a host and GPUs, kill a job, discard or commit an attempt's results,
+re-probe, revive a host, clean up what a host still holds, and :class:`Say` an event to the
+event stream.
 Nothing here awaits, sleeps or touches a socket or a file (httpcore's connection pool and h11's
 state machine are the models), so every rule is tested with plain values and replayed event
 sequences (tests/test_plan.py).
@@ -21,16 +22,17 @@ end is final, and what waits for it with ``after`` may start, only at
 ``--halt now`` or ``cancel`` (its processes are gone; killing would only lose its results), and
 a host with ``copy_backs_per_host`` copy-backs in flight starts no new job until one lands.
 
-The start of a batch (when it opens, hosts that answer late, jobs no host could ever fit,
-reattachment) is the planner's base class, in :mod:`ssh_scheduler.planner.plan_start`.
+The planner is composed of parts that share one :class:`~ssh_scheduler.planner.state.PlanState`:
+the start of a batch (when it opens, hosts that answer late, jobs no host could ever fit,
+reattachment) is a :class:`~ssh_scheduler.planner.plan_start.BatchStart` it holds and hands those
+events; placing what fits is :func:`~ssh_scheduler.planner.dispatch.dispatch`; a job's phase
+changes only through the one table of :mod:`ssh_scheduler.planner.phases`.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Mapping, Sequence
 
-from ssh_scheduler.errors import UnsatisfiableError
 from ssh_scheduler.events import (
     TIMED_OUT,
     BatchPaused,
@@ -42,27 +44,21 @@ from ssh_scheduler.events import (
     JobCancelled,
     JobFailed,
     JobFinished,
-    JobNotRun,
-    JobPlaced,
     JobRequeued,
     JobRetrying,
     JobStarted,
     Notice,
     PlanLine,
     Stopping,
-    Waiting,
 )
 from ssh_scheduler.jobs.batch_file import Job
-from ssh_scheduler.machines.probe import HostState
+from ssh_scheduler.machines.probe import HostState, OwnUsage
 from ssh_scheduler.planner.actions import (
-    FINAL_PHASES,
     Action,
     Cleanup,
     Commit,
     Discard,
     HostSlot,
-    JobPhase,
-    JobSlot,
     KillJob,
     PlanOptions,
     Reprobe,
@@ -71,22 +67,21 @@ from ssh_scheduler.planner.actions import (
     StartJob,
     StopBatch,
 )
-from ssh_scheduler.planner.allocate import (
-    MachineResources,
-    Needs,
-    OwnUsage,
-    choose,
-)
-from ssh_scheduler.planner.plan_start import PlannerStart
+from ssh_scheduler.planner.allocate import MachineResources
+from ssh_scheduler.planner.deadlines import next_deadline, tick
+from ssh_scheduler.planner.dispatch import dispatch, dry_run
+from ssh_scheduler.planner.phases import FINAL_PHASES, JobPhase, JobSlot, move, require
+from ssh_scheduler.planner.plan_start import BatchStart
 from ssh_scheduler.planner.policy import Resumable
-from ssh_scheduler.planner.probe_schedule import ProbeSchedule
+from ssh_scheduler.planner.state import PlanState
 
+# The actions are defined in ssh_scheduler.planner.actions; they are still named here for the
+# coordinator, which takes them from this module with the Planner.
 __all__ = [
     "Action",
     "Cleanup",
     "Commit",
     "Discard",
-    "JobPhase",
     "KillJob",
     "PlanOptions",
     "Planner",
@@ -98,10 +93,10 @@ __all__ = [
 ]
 
 
-class Planner(PlannerStart):
+class Planner:
     """One batch's decisions.  Feed it events (method calls), perform what they return.
 
-    The start (when the batch opens, hosts answering late) is in :class:`PlannerStart`."""
+    The start (when the batch opens, hosts answering late) is its :class:`BatchStart`."""
 
     def __init__(
         self,
@@ -114,42 +109,53 @@ class Planner(PlannerStart):
     ) -> None:
         """``hosts``: (name, label) pairs.  ``already_done``: jobs of the batch file that are not
         run now because results exist, with whether they succeeded (for ``after``)."""
-        self.options = options = options or PlanOptions()
-        self.hosts = {name: HostSlot(name, label) for name, label in hosts}
-        self.jobs: dict[str, JobSlot] = {job.name: JobSlot(job) for job in jobs}
-        self.resumable = dict(resumable or {})
-        self.draining = False
-        self.paused = False
+        self.state = PlanState.new(jobs, hosts, options or PlanOptions(), resumable or {}, already_done or {})
+        self.start = BatchStart(self.state)
         self.halted = False
         self.cancelled = False
-        self.total = len(self.jobs)
         self.failures = 0
-        self._queues: dict[Needs, deque[str]] = {}
-        self._dependents: dict[str, list[str]] = {}
-        self._last_wait = ""
-        self._init_start()
-        self.probes = ProbeSchedule(list(self.hosts), options.probe_interval, options.probe_gap)
-        done = already_done or {}
-        for slot in self.jobs.values():
-            for name in slot.job.after:
-                if name in self.jobs:
-                    slot.waiting_on += 1
-                    self._dependents.setdefault(name, []).append(slot.job.name)
-                elif not done.get(name, True):
-                    slot.phase = JobPhase.NOT_RUN  # reported by begin()
-            if slot.waiting_on:
-                slot.phase = JobPhase.BLOCKED
 
     # -- views ---------------------------------------------------------------------------------
 
     @property
+    def options(self) -> PlanOptions:
+        return self.state.options
+
+    @property
+    def hosts(self) -> dict[str, HostSlot]:
+        return self.state.hosts
+
+    @property
+    def jobs(self) -> dict[str, JobSlot]:
+        return self.state.jobs
+
+    @property
+    def draining(self) -> bool:
+        """Nothing new starts (stop, ``--halt``, or every host gone)."""
+        return self.state.draining
+
+    @property
+    def paused(self) -> bool:
+        return self.state.paused
+
+    @property
+    def began(self) -> bool:
+        """Jobs may be placed (the batch was announced)."""
+        return self.state.began
+
+    @property
+    def answered(self) -> bool:
+        """Every host's first connect and probe landed or failed."""
+        return self.start.answered
+
+    @property
     def done(self) -> bool:
         """Nothing runs or copies back, and nothing more will start."""
-        if self._busy():
+        if self.state.busy():
             return False
-        if self.draining or self.halted:
+        if self.state.draining or self.halted:
             return True
-        return not any(self._queues.values()) and not any(self._held.values())
+        return not self.state.queued() and not self.start.holding
 
     def phase(self, job: str) -> JobPhase:
         return self.jobs[job].phase
@@ -161,9 +167,6 @@ class Planner(PlannerStart):
     def copying_back(self) -> list[str]:
         """Jobs that exited and whose results are on their way home (their room is free)."""
         return [name for name, slot in self.jobs.items() if slot.phase is JobPhase.COPYING]
-
-    def _busy(self) -> bool:
-        return any(slot.phase in (JobPhase.RUNNING, JobPhase.COPYING) for slot in self.jobs.values())
 
     def resources(self, host: str) -> MachineResources | None:
         return self.hosts[host].resources
@@ -182,53 +185,62 @@ class Planner(PlannerStart):
 
     def next_deadline(self) -> float | None:
         """When :meth:`tick` next has something to do (a ``--timeout``, a probe), or None."""
-        times = []
-        if self._began:
-            due = self.probes.next_due(self._probe_targets(), self._jobs_waiting())
-            if due is not None:
-                times.append(due)
-        if self.options.timeout is not None:
-            starts = [
-                slot.started_at
-                for slot in self.jobs.values()
-                if slot.phase is JobPhase.RUNNING and slot.started_at is not None and not slot.killing
-            ]
-            if starts:
-                times.append(min(starts) + self.options.timeout)
-        return min(times) if times else None
-
-    def _probe_targets(self) -> list[str]:
-        return [name for name, h in self.hosts.items() if h.usable]
-
-    def _jobs_waiting(self) -> bool:
-        return not (self.draining or self.paused) and any(self._queues.values())
+        return next_deadline(self.state)
 
     def dry_run(self) -> list[PlanLine]:
         """The schedule if jobs ended in the order they started (the placements of ``--dry-run``)."""
-        running: deque[tuple[MachineResources, str]] = deque()
-        machines = [h.resources for h in self.hosts.values() if h.usable and h.resources is not None]
-        lines: list[PlanLine] = []
-        for slot in self.jobs.values():
-            if slot.phase in FINAL_PHASES:
-                continue
-            while True:
-                target = choose(machines, slot.needs)
-                if target is not None:
-                    placement = target.allocate(slot.job.name, slot.needs)
-                    running.append((target, slot.job.name))
-                    lines.append(PlanLine(job=slot.job.name, host=target.name, gpus=placement.gpu_indices))
-                    break
-                if not running:
-                    raise UnsatisfiableError(f"job {slot.job.name} fits on no host")
-                done_on, done_job = running.popleft()
-                done_on.release(done_job)
-        for machine, name in running:
-            machine.release(name)
-        return lines
+        return dry_run(self.state)
 
     def kick(self) -> list[Action]:
         """Place what fits now (after :meth:`begin` and any reattachment)."""
-        return self._dispatch()
+        return dispatch(self.state)
+
+    # -- the start (see BatchStart) ------------------------------------------------------------
+
+    def host_unreachable(self, host: str, reason: str) -> list[Action]:
+        """Connecting failed at the start: the host is retried in the background."""
+        return self.start.host_unreachable(host, reason)
+
+    def probe_landed(
+        self,
+        host: str,
+        state: HostState,
+        own: Mapping[str, OwnUsage] | None = None,
+        generation: int | None = None,
+        *,
+        agent_jobs: Mapping[str, bool] | None = None,
+        now: float | None = None,
+    ) -> list[Action]:
+        """A probe of ``host`` landed.  ``agent_jobs``: with a host's first probe, what its agent
+        still holds from an earlier run (see :meth:`agent_jobs_found`); ``now``: when (it times
+        the next periodic probe)."""
+        return self.start.probe_landed(host, state, own, generation, agent_jobs, now)
+
+    def probe_failed(self, host: str, reason: str) -> list[Action]:
+        """A probe failed: before the batch opened, the host did not answer (as
+        :meth:`host_unreachable`); later, it is down (and revived in the background)."""
+        slot = self.hosts[host]
+        if not slot.answered or not self.state.began:
+            return self.start.host_unreachable(host, reason)
+        self.state.probes.failed(host)
+        return self._host_failed(slot, reason)
+
+    def begin(self, token: str) -> list[Action]:
+        """Start the batch: it opens as soon as every host answered (now, if they all did), or
+        earlier after :meth:`probes_overdue`.  Opening settles each job's needs, refuses a job
+        no host could ever fit (before anything runs) and announces the batch; the jobs are
+        placed by the event that opened it, or by :meth:`kick` when this call did."""
+        return self.start.begin(token)
+
+    def probes_overdue(self) -> list[Action]:
+        """The coordinator waited long enough for the first probes: open with the hosts that
+        answered; each other host takes jobs when it answers."""
+        return self.start.probes_overdue()
+
+    def agent_jobs_found(self, host: str, jobs: Mapping[str, bool]) -> list[Action]:
+        """What a host's agent still holds from an earlier coordinator (job -> still running):
+        take up what the journal says ran there and is still to do; end everything else."""
+        return self.start.agent_jobs_found(host, jobs)
 
     # -- jobs ----------------------------------------------------------------------------------
 
@@ -255,8 +267,9 @@ class Planner(PlannerStart):
         """The attempt's processes are gone (or its host is).  Returns exactly one of
         :class:`Commit` / :class:`Discard` for a job that still needs its folder handled."""
         slot = self.jobs[job]
+        require(slot, "job_exited", JobPhase.RUNNING)
         placement = slot.placement
-        assert placement is not None and slot.phase is JobPhase.RUNNING
+        assert placement is not None
         host = self.hosts[placement.machine]
         actions: list[Action] = []
         if host.resources is not None:
@@ -264,44 +277,40 @@ class Planner(PlannerStart):
         if ended.host_lost:
             actions += self._host_failed(host, ended.message or "connection lost")
             actions += self._requeue(slot, f"host {host.name} was lost")
-            return actions + self._dispatch()
+            return actions + dispatch(self.state)
         host.failures = 0
-        self.probes.released(host.name, slot.probes_before)
+        self.state.probes.released(host.name, slot.probes_before)
         if not ended.ok and slot.killing in (None, "timeout") and self._retry(slot):
             actions.append(
                 Say(JobRetrying(job=job, host=host.name, code=ended.code, attempt=slot.attempt, attempts=self.options.retries + 1))
             )
             actions.append(Discard(job, host.name))
-            return actions + self._dispatch()
+            return actions + dispatch(self.state)
         # Its processes are gone: its room went back above and the next job may start there
         # while its results travel home.  Its end is final only at job_committed (what waits
         # for it with ``after`` may read those results).
-        slot.phase = JobPhase.COPYING
+        move(slot, JobPhase.COPYING)
         host.copying += 1
         actions.append(Commit(job))
-        return actions + self._dispatch()
+        return actions + dispatch(self.state)
 
     def job_committed(self, job: str, ended: Ended, bytes_received: int = 0, now: float | None = None) -> list[Action]:
         """The attempt's results are home (or could not be brought): the job's end is final."""
         slot = self.jobs[job]
-        assert slot.placement is not None and slot.phase is JobPhase.COPYING
+        require(slot, "job_committed", JobPhase.COPYING)
+        assert slot.placement is not None
         host = slot.placement.machine
         self.hosts[host].copying -= 1
         seconds = (now - slot.started_at) if now is not None and slot.started_at is not None else 0.0
         actions: list[Action] = []
         if ended.ok:
-            slot.phase = JobPhase.FINISHED
+            move(slot, JobPhase.FINISHED)
             actions.append(
                 Say(JobFinished(job=job, host=host, command=slot.job.command, code=0, seconds=seconds, bytes_received=bytes_received))
             )
-            for name in self._dependents.get(job, ()):
-                waiting = self.jobs[name]
-                waiting.waiting_on -= 1
-                if waiting.waiting_on == 0 and waiting.phase is JobPhase.BLOCKED:
-                    waiting.phase = JobPhase.QUEUED
-                    self._enqueue(waiting)
-            return actions + self._dispatch()
-        slot.phase = JobPhase.FAILED
+            self.state.finished(job)
+            return actions + dispatch(self.state)
+        move(slot, JobPhase.FAILED)
         self.failures += 1
         actions.append(
             Say(
@@ -313,51 +322,44 @@ class Planner(PlannerStart):
                 )
             )
         )
-        actions += self._not_run_after(job)
-        if self.options.halt.reached(self.failures, self.total) and not self.draining:
-            self.halted = self.draining = True
+        actions += self.state.not_run_after(job)
+        if self.options.halt.reached(self.failures, self.state.total) and not self.state.draining:
+            self.halted = self.state.draining = True
             policy = self.options.halt
             actions.append(Say(Stopping(how="halt", reason=f"{self.failures} jobs failed (--halt {policy.when})")))
             if policy.when == "now":
                 actions += self._kill_running("halt", but=job)
-        return actions + self._dispatch()
+        return actions + dispatch(self.state)
 
     def job_cancelled(self, job: str) -> list[Action]:
         """The attempt was cancelled (stop, halt now) and its processes killed, or its copy-back
-        was cancelled (the second stop cancels everything)."""
+        was cancelled (the second stop cancels everything).
+
+        The second stop cancels every task, also that of a failed attempt still removing its
+        folder on its host while the job's retry waits in the queue (the job ends cancelled)
+        or already ran: a job that ended is left as it is, it ends once."""
         slot = self.jobs[job]
-        copying = slot.phase is JobPhase.COPYING
-        slot.phase = JobPhase.CANCELLED
+        if slot.phase in FINAL_PHASES:
+            return []
+        was = slot.phase
+        move(slot, JobPhase.CANCELLED)
         host = slot.placement.machine if slot.placement is not None else ""
-        if copying:  # released at its exit
+        if was is JobPhase.COPYING:  # released at its exit
             self.hosts[host].copying -= 1
+        elif was is JobPhase.QUEUED:  # its retry, or a requeue: nothing held
+            self.state.dequeue(slot)
         elif slot.placement is not None and (resources := self.hosts[host].resources) is not None:
             resources.release(job)
-            self.probes.released(host, slot.probes_before)
+            self.state.probes.released(host, slot.probes_before)
         actions: list[Action] = [Say(JobCancelled(job=job, host=host))]
         if slot.killing == "cancel":  # this job alone (ssh-scheduler cancel): the batch goes on
-            actions += self._not_run_after(job, "was cancelled")
-            actions += self._dispatch()
+            actions += self.state.not_run_after(job, "was cancelled")
+            actions += dispatch(self.state)
         return actions
 
     def tick(self, now: float) -> list[Action]:
         """Time passed: kill the jobs past ``--timeout``, probe the hosts that are due."""
-        actions: list[Action] = []
-        if self._began:
-            actions += [Reprobe(h) for h in self.probes.start_due(self._probe_targets(), self._jobs_waiting(), now)]
-        timeout = self.options.timeout
-        if timeout is None:
-            return actions
-        for name, slot in self.jobs.items():
-            if (
-                slot.phase is JobPhase.RUNNING
-                and slot.started_at is not None
-                and not slot.killing
-                and now >= slot.started_at + timeout
-            ):
-                slot.killing = "timeout"
-                actions.append(KillJob(name, "timeout"))
-        return actions
+        return tick(self.state, now)
 
     def timed_out(self, job: str) -> Ended:
         """How a job killed for ``--timeout`` ended (its own exit status is the kill's)."""
@@ -381,7 +383,7 @@ class Planner(PlannerStart):
     ) -> list[Action]:
         """A revived host answered again and was probed."""
         slot = self.hosts[host]
-        self.probes.landed(host, now)
+        self.state.probes.landed(host, now)
         slot.reviving = False
         slot.down = None
         slot.resources = MachineResources(host, state)
@@ -392,7 +394,7 @@ class Planner(PlannerStart):
         for name in agent_jobs or ():
             if self.host_of(name) != host or self.jobs[name].phase is not JobPhase.RUNNING:
                 actions.append(Cleanup(host, name))
-        return actions + self._dispatch()
+        return actions + dispatch(self.state)
 
     def revive_gave_up(self, host: str) -> None:
         self.hosts[host].reviving = False
@@ -401,8 +403,8 @@ class Planner(PlannerStart):
 
     def stop(self) -> list[Action]:
         """First call: start nothing new, let running jobs finish.  Second: kill them."""
-        if not self.draining:
-            self.draining = True
+        if not self.state.draining:
+            self.state.draining = True
             return [Say(Stopping(how="drain"))]
         self.cancelled = True
         return [Say(Stopping(how="kill")), *self._kill_running("stop"), StopBatch()]
@@ -411,17 +413,17 @@ class Planner(PlannerStart):
 
     def pause(self) -> list[Action]:
         """Start nothing new until :meth:`resume`; what runs goes on."""
-        if self.paused:
+        if self.state.paused:
             return []
-        self.paused = True
+        self.state.paused = True
         return [Say(BatchPaused())]
 
     def resume(self) -> list[Action]:
-        if not self.paused:
+        if not self.state.paused:
             return []
-        self.paused = False
-        self._last_wait = ""
-        return [Say(BatchResumed()), *self._dispatch()]
+        self.state.paused = False
+        self.state.last_wait = ""
+        return [Say(BatchResumed()), *dispatch(self.state)]
 
     def cancel(self, job: str) -> list[Action]:
         """Kill ``job`` if it runs, or take it out of the queue; the jobs waiting for it will not
@@ -438,86 +440,28 @@ class Planner(PlannerStart):
                 return []
             slot.killing = "cancel"
             return [KillJob(job, "cancel")]
-        self._dequeue(slot)
-        slot.phase = JobPhase.CANCELLED
-        return [Say(JobCancelled(job=job, host="")), *self._not_run_after(job, "was cancelled"), *self._dispatch()]
+        self.state.dequeue(slot)
+        move(slot, JobPhase.CANCELLED)
+        return [Say(JobCancelled(job=job, host="")), *self.state.not_run_after(job, "was cancelled"), *dispatch(self.state)]
 
     # -- internals -----------------------------------------------------------------------------
-
-    def _enqueue(self, slot: JobSlot, front: bool = False) -> None:
-        queue = self._queues.setdefault(slot.needs, deque())
-        if front:
-            queue.appendleft(slot.job.name)
-        else:
-            queue.append(slot.job.name)
-
-    def _dequeue(self, slot: JobSlot) -> None:
-        queue = self._queues.get(slot.needs)
-        if queue is not None and slot.job.name in queue:
-            queue.remove(slot.job.name)
-
-    def _dispatch(self) -> list[Action]:
-        if not self._began or self.draining or self.paused:
-            return []
-        bound = self.options.copy_backs_per_host
-        usable = [
-            h.resources for h in self.hosts.values() if h.usable and h.resources is not None and h.copying < bound
-        ]
-        actions: list[Action] = []
-        for needs, queue in self._queues.items():
-            while queue:
-                slot = self.jobs[queue[0]]
-                machines = usable
-                if slot.failed_on:
-                    avoid = set(slot.failed_on)
-                    machines = [m for m in usable if m.name not in avoid] or usable
-                target = choose(machines, needs)
-                if target is None:
-                    break
-                queue.popleft()
-                placement = target.allocate(slot.job.name, needs)
-                slot.phase, slot.placement, slot.started_at, slot.killing = JobPhase.RUNNING, placement, None, None
-                slot.probes_before = self.probes.hosts[target.name].landed
-                self._placed_any = True
-                actions.append(
-                    Say(JobPlaced(job=slot.job.name, host=target.name, gpus=placement.gpu_indices, command=slot.job.command))
-                )
-                actions.append(StartJob(slot.job, placement, slot.attempt))
-        if actions or not any(self._queues.values()):
-            self._last_wait = ""
-            return actions
-        if self._busy():  # a job's end (or a copy-back landing) makes room
-            return actions
-        # Nothing of ours runs and nothing fits.
-        if not any(h.usable or h.reviving for h in self.hosts.values()):
-            self.draining = True
-            actions.append(Say(Notice(level="error", message="every host is down or quarantined; the remaining jobs were not run")))
-            return actions
-        head = next(q[0] for q in self._queues.values() if q)
-        reason = "; ".join(
-            f"{h.name}: {h.resources.capacity_summary()}" for h in self.hosts.values() if h.usable and h.resources is not None
-        ) or "; ".join(f"{h.name}: down" for h in self.hosts.values())
-        if reason != self._last_wait:
-            self._last_wait = reason
-            actions.append(Say(Waiting(job=head, reason=reason)))
-        return actions
 
     def _retry(self, slot: JobSlot) -> bool:
         """--retries: a failed job runs again, preferably on a host where it has not failed."""
         assert slot.placement is not None
         slot.failed_on.append(slot.placement.machine)
-        if len(slot.failed_on) > self.options.retries or self.draining:
+        if len(slot.failed_on) > self.options.retries or self.state.draining:
             return False
         slot.attempt += 1
-        slot.phase = JobPhase.QUEUED
-        self._enqueue(slot, front=True)
+        move(slot, JobPhase.QUEUED)
+        self.state.enqueue(slot, front=True)
         return True
 
     def _requeue(self, slot: JobSlot, reason: str) -> list[Action]:
         assert slot.placement is not None
         host = slot.placement.machine
-        slot.phase = JobPhase.QUEUED
-        self._enqueue(slot, front=True)
+        move(slot, JobPhase.QUEUED)
+        self.state.enqueue(slot, front=True)
         return [Say(JobRequeued(job=slot.job.name, host=host, reason=reason))]
 
     def _host_failed(self, host: HostSlot, reason: str) -> list[Action]:
@@ -530,13 +474,7 @@ class Planner(PlannerStart):
         if host.failures >= self.options.quarantine_after and not host.quarantined:
             host.quarantined = True
             actions.append(Say(HostQuarantined(host=host.name, failures=host.failures)))
-        return actions + self._revive(host)
-
-    def _revive(self, host: HostSlot) -> list[Action]:
-        if host.quarantined or host.reviving:
-            return []
-        host.reviving = True
-        return [Revive(host.name)]
+        return actions + self.state.revive(host)
 
     def _kill_running(self, reason: str, but: str | None = None) -> list[Action]:
         actions: list[Action] = []
@@ -544,17 +482,4 @@ class Planner(PlannerStart):
             if slot.phase is JobPhase.RUNNING and name != but and not slot.killing:
                 slot.killing = reason
                 actions.append(KillJob(name, reason))
-        return actions
-
-    def _not_run_after(self, failed: str, why: str = "failed") -> list[Action]:
-        """Jobs waiting (directly or not) for a job that failed will not run in this batch."""
-        actions: list[Action] = []
-        stack = list(self._dependents.get(failed, ()))
-        while stack:
-            slot = self.jobs[stack.pop()]
-            if slot.phase is not JobPhase.BLOCKED:
-                continue
-            slot.phase = JobPhase.NOT_RUN
-            actions.append(Say(JobNotRun(job=slot.job.name, reason=f"{failed} {why}")))
-            stack.extend(self._dependents.get(slot.job.name, ()))
         return actions

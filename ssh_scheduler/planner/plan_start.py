@@ -1,18 +1,18 @@
-"""The start of a batch, for :class:`~ssh_scheduler.planner.plan.Planner`: when it opens, and what
-hosts that answer late (or not at all) mean for its jobs.
+"""The start of a batch: when it opens, and what hosts that answer late (or not at all) mean for
+its jobs.
 
 Each host answers once at the start (its connect and probe landed or failed), in any order and
 at any time.  The batch opens (BatchStarted, then placements) when every host has answered, or
-earlier once the coordinator calls the slow ones overdue (:meth:`PlannerStart.probes_overdue`):
+earlier once the coordinator calls the slow ones overdue (:meth:`BatchStart.probes_overdue`):
 from then on each host takes jobs as soon as it answers.  Opening settles each job's needs (the
 "one GPU by default" becomes none on a fleet without GPUs, which is known only once every host
 answered), refuses a job no host could ever fit, holds the jobs an earlier run left on a host
 that has not answered yet (to take them up there rather than start them twice) and takes up
-what the hosts' agents still hold (:meth:`PlannerStart.agent_jobs_found`).
+what the hosts' agents still hold (:meth:`BatchStart.agent_jobs_found`).
 
-This is the first half of the planner's state machine; the per-job lifecycle, placement and
-stopping are in :mod:`ssh_scheduler.planner.plan`, which subclasses :class:`PlannerStart`.  Pure like
-it: no I/O, no clock.
+The :class:`~ssh_scheduler.planner.plan.Planner` holds one :class:`BatchStart` and hands it these
+events; both work on the same :class:`~ssh_scheduler.planner.state.PlanState`, and jobs are
+placed by :func:`~ssh_scheduler.planner.dispatch.dispatch`.  Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -20,48 +20,28 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from ssh_scheduler.errors import TransportError, UnsatisfiableError
+from ssh_scheduler.errors import NoUsableHostError, UnsatisfiableError
 from ssh_scheduler.events import BatchStarted, HostDown, JobNotRun, JobReattached
-from ssh_scheduler.machines.probe import HostState
-from ssh_scheduler.planner.actions import (
-    Action,
-    Cleanup,
-    HostSlot,
-    JobPhase,
-    JobSlot,
-    PlanOptions,
-    Say,
-    StartJob,
-)
-from ssh_scheduler.planner.allocate import (
-    MachineResources,
-    Needs,
-    OwnUsage,
-    explain_unfit,
-    max_concurrent,
-)
-from ssh_scheduler.planner.policy import Resumable
-from ssh_scheduler.planner.probe_schedule import ProbeSchedule
+from ssh_scheduler.jobs.needs import Needs
+from ssh_scheduler.machines.probe import HostState, OwnUsage
+from ssh_scheduler.planner.actions import Action, Cleanup, HostSlot, Say, StartJob
+from ssh_scheduler.planner.allocate import MachineResources, max_concurrent
+from ssh_scheduler.planner.dispatch import dispatch
+from ssh_scheduler.planner.explain import explain_unfit
+from ssh_scheduler.planner.phases import JobPhase, JobSlot, move
+from ssh_scheduler.planner.state import PlanState
 
-__all__ = ["PlannerStart"]
+__all__ = ["BatchStart"]
 
 
-class PlannerStart:
-    """The start-up decisions of a :class:`~ssh_scheduler.planner.plan.Planner` (its base class)."""
+class BatchStart:
+    """The start-up decisions of one batch, over the :class:`PlanState` it shares with its
+    :class:`~ssh_scheduler.planner.plan.Planner`."""
 
-    # Shared with the planner, which sets them in its __init__.
-    options: PlanOptions
-    hosts: dict[str, HostSlot]
-    jobs: dict[str, JobSlot]
-    resumable: dict[str, Resumable]
-    probes: ProbeSchedule
-    total: int
-
-    def _init_start(self) -> None:
-        self._began = False  # BatchStarted was said: jobs may be placed
+    def __init__(self, state: PlanState) -> None:
+        self.state = state
         self._token: str | None = None  # begin() was called: open as soon as ready
         self._overdue = False  # the coordinator stopped waiting for the slow first probes
-        self._placed_any = False
         # Needs no answered host could ever fit (yet): refused once every host has answered.
         self._unresolved: set[Needs] = set()
         # Jobs an earlier run left on a host that has not answered yet: they wait for it, to be
@@ -69,45 +49,25 @@ class PlannerStart:
         self._held: dict[str, list[JobSlot]] = {}
         self._found: dict[str, Mapping[str, bool]] = {}  # agent jobs of hosts that answered early
 
-    # What the planner's other half provides (see ssh_scheduler.planner.plan).
-
-    def _dispatch(self) -> list[Action]:
-        raise NotImplementedError
-
-    def _enqueue(self, slot: JobSlot, front: bool = False) -> None:
-        raise NotImplementedError
-
-    def _dequeue(self, slot: JobSlot) -> None:
-        raise NotImplementedError
-
-    def _host_failed(self, host: HostSlot, reason: str) -> list[Action]:
-        raise NotImplementedError
-
-    def _revive(self, host: HostSlot) -> list[Action]:
-        raise NotImplementedError
-
-    def _not_run_after(self, failed: str, why: str = "failed") -> list[Action]:
-        raise NotImplementedError
-
     # -- views ---------------------------------------------------------------------------------
-
-    @property
-    def began(self) -> bool:
-        """Jobs may be placed (the batch was announced)."""
-        return self._began
 
     @property
     def answered(self) -> bool:
         """Every host's first connect and probe landed or failed."""
-        return all(h.answered for h in self.hosts.values())
+        return all(h.answered for h in self.state.hosts.values())
+
+    @property
+    def holding(self) -> bool:
+        """Some job waits for the host an earlier run left it on to answer."""
+        return any(self._held.values())
 
     # -- events --------------------------------------------------------------------------------
 
     def host_unreachable(self, host: str, reason: str) -> list[Action]:
         """Connecting failed at the start: the host is retried in the background."""
-        slot = self.hosts[host]
+        slot = self.state.hosts[host]
         slot.down = reason
-        self.probes.failed(host)
+        self.state.probes.failed(host)
         actions: list[Action] = [Say(HostDown(host=host, reason=reason, at_start=True))]
         if slot.answered:
             return actions
@@ -118,64 +78,82 @@ class PlannerStart:
         self,
         host: str,
         state: HostState,
-        own: Mapping[str, OwnUsage] | None = None,
-        generation: int | None = None,
-        *,
-        agent_jobs: Mapping[str, bool] | None = None,
-        now: float | None = None,
+        own: Mapping[str, OwnUsage] | None,
+        generation: int | None,
+        agent_jobs: Mapping[str, bool] | None,
+        now: float | None,
     ) -> list[Action]:
-        """A probe of ``host`` landed.  ``agent_jobs``: with a host's first probe, what its agent
-        still holds from an earlier run (see :meth:`agent_jobs_found`); ``now``: when (it times
-        the next periodic probe)."""
-        slot = self.hosts[host]
-        self.probes.landed(host, now)
+        """A probe of ``host`` landed (see :meth:`~ssh_scheduler.planner.plan.Planner.probe_landed`)."""
+        slot = self.state.hosts[host]
+        self.state.probes.landed(host, now)
         if slot.resources is None:
             slot.resources = MachineResources(host, state)
         else:
             slot.resources.update(state, own or {}, generation)
         if slot.answered:
-            return self._dispatch() if self._began else []
+            return dispatch(self.state)
         slot.answered = True
         if agent_jobs:
             self._found[host] = agent_jobs
         return self._host_answered(slot)
 
-    def probe_failed(self, host: str, reason: str) -> list[Action]:
-        slot = self.hosts[host]
-        if not slot.answered or not self._began:
-            return self.host_unreachable(host, reason)
-        self.probes.failed(host)
-        return self._host_failed(slot, reason)
-
     def begin(self, token: str) -> list[Action]:
-        """Start the batch: it opens as soon as every host answered (now, if they all did), or
-        earlier after :meth:`probes_overdue`.  Opening settles each job's needs, refuses a job
-        no host could ever fit (before anything runs) and announces the batch; the jobs are
-        placed by the event that opened it, or by :meth:`kick` when this call did."""
+        """Open as soon as every host answered (now, if they all did); jobs are placed by the
+        event that opened it, or by ``kick`` when this call did."""
         self._token = token
         return self._open() if self._ready() else []
 
     def probes_overdue(self) -> list[Action]:
-        """The coordinator waited long enough for the first probes: open with the hosts that
-        answered; each other host takes jobs when it answers."""
+        """Open with the hosts that answered; each other host takes jobs when it answers."""
         self._overdue = True
-        if self._began or not self._ready():
+        if self.state.began or not self._ready():
             return []
-        return self._open() + self._dispatch()
+        return self._open() + dispatch(self.state)
+
+    def agent_jobs_found(self, host: str, jobs: Mapping[str, bool]) -> list[Action]:
+        """What a host's agent still holds from an earlier coordinator (job -> still running):
+        take up what the journal says ran there and is still to do; end everything else."""
+        actions: list[Action] = []
+        slot_host = self.state.hosts[host]
+        for name, running in jobs.items():
+            slot = self.state.jobs.get(name)
+            entry = self.state.resumable.pop(name, None)
+            if (
+                slot is None
+                or entry is None
+                or entry.host != host
+                or slot.phase is not JobPhase.QUEUED
+                or slot_host.resources is None
+            ):
+                if slot is None or slot.placement is None or slot.placement.machine != host:
+                    actions.append(Cleanup(host, name))
+                continue
+            self.state.dequeue(slot)
+            placement = slot_host.resources.adopt(name, slot.needs, entry.gpus)
+            move(slot, JobPhase.RUNNING)
+            slot.placement = placement
+            # Its use may be in the probe that just landed: its release then calls for a probe.
+            slot.probes_before = self.state.probes.hosts[host].landed - 1
+            actions.append(Say(JobReattached(job=name, host=host, gpus=placement.gpu_indices, running=running)))
+            actions.append(StartJob(slot.job, placement, slot.attempt, resume=True))
+        return actions
+
+    # -- internals -----------------------------------------------------------------------------
 
     def _ready(self) -> bool:
-        if self._token is None or self._began:
+        if self._token is None or self.state.began:
             return False
         if self.answered:
             return True
-        return self._overdue and self._base_needs() is not None and any(h.usable for h in self.hosts.values())
+        return self._overdue and self._base_needs() is not None and any(h.usable for h in self.state.hosts.values())
 
     def _base_needs(self) -> Needs | None:
         """The batch's needs; None while they depend on hosts that did not answer yet."""
-        base = self.options.needs
-        if not base.gpus or self.options.gpus_explicit:
+        base = self.state.options.needs
+        if not base.gpus or self.state.options.gpus_explicit:
             return base
-        if any(h.resources.state.gpus or h.resources.state.job_slots for h in self.hosts.values() if h.resources is not None):
+        hosts = self.state.hosts.values()
+        if any(h.resources.state.gpus or h.resources.state.job_slots for h in hosts if h.resources is not None):
             return base  # (a Slurm queue may have GPUs: sbatch says when it has none)
         if not self.answered:
             return None
@@ -184,12 +162,12 @@ class PlannerStart:
         return replace(base, gpus=0, gpu_memory_mb=0, gpu_utilization=0.0, reserve_gpu=False)
 
     def _host_answered(self, slot: HostSlot) -> list[Action]:
-        if not self._began:
-            return self._open() + self._dispatch() if self._ready() else []
+        if not self.state.began:
+            return self._open() + dispatch(self.state) if self._ready() else []
         actions = self._take_up(slot.name)
         if slot.down is not None:
-            actions += self._revive(slot)
-        return actions + self._resolve() + self._dispatch()
+            actions += self.state.revive(slot)
+        return actions + self._resolve() + dispatch(self.state)
 
     def _take_up(self, host: str) -> list[Action]:
         """What ``host``'s agent holds from an earlier run, then the jobs that waited for it."""
@@ -197,18 +175,19 @@ class PlannerStart:
         actions = self.agent_jobs_found(host, found) if found else []
         for slot in reversed(self._held.pop(host, [])):
             if slot.phase is JobPhase.QUEUED and slot.placement is None:
-                self._enqueue(slot, front=True)
+                self.state.enqueue(slot, front=True)
         return actions
 
     def _open(self) -> list[Action]:
+        state = self.state
         base = self._base_needs()
         assert base is not None
-        usable = [h.resources for h in self.hosts.values() if h.usable and h.resources is not None]
+        usable = state.usable()
         if not usable:
-            reasons = "; ".join(f"{h.name}: {h.down}" for h in self.hosts.values())
-            raise TransportError(f"no usable host ({reasons})")
+            reasons = "; ".join(f"{h.name}: {h.down}" for h in state.hosts.values())
+            raise NoUsableHostError(f"no usable host ({reasons})")
         checked: dict[Needs, bool] = {}
-        for name, slot in self.jobs.items():
+        for name, slot in state.jobs.items():
             slot.needs = slot.job.needs.apply(base) if not slot.job.needs.empty else base
             fits = checked.get(slot.needs)
             if fits is None:
@@ -217,29 +196,29 @@ class PlannerStart:
                 if self.answered:
                     raise self._never_fits(name, slot.needs, usable, only=len(checked) == 1)
                 self._unresolved.add(slot.needs)
-        self._began = True
-        limits = tuple((h.label, max_concurrent(h.resources, base)) for h in self.hosts.values() if h.usable and h.resources is not None)
-        choices = tuple(
-            tuple(g.index for g in h.resources.state.gpus)
-            for h in self.hosts.values()
-            if h.usable and h.resources is not None
+        state.began = True
+        limits = tuple(
+            (h.label, max_concurrent(h.resources, base)) for h in state.hosts.values() if h.usable and h.resources is not None
         )
+        choices = tuple(tuple(g.index for g in m.state.gpus) for m in usable)
         actions: list[Action] = [
-            Say(BatchStarted(token=self._token or "", jobs=self.total, hosts=tuple(self.hosts), limits=limits, gpu_choices=choices))
+            Say(BatchStarted(token=self._token or "", jobs=state.total, hosts=tuple(state.hosts), limits=limits, gpu_choices=choices))
         ]
-        for slot in self.jobs.values():
-            entry = self.resumable.get(slot.job.name)
+        for slot in state.jobs.values():
+            entry = state.resumable.get(slot.job.name)
             if slot.phase is JobPhase.QUEUED:
-                if entry is not None and entry.host in self.hosts and not self.hosts[entry.host].answered:
+                if entry is not None and entry.host in state.hosts and not state.hosts[entry.host].answered:
                     self._held.setdefault(entry.host, []).append(slot)
                 else:
-                    self._enqueue(slot)
-            elif slot.phase is JobPhase.NOT_RUN:
-                missing = [n for n in slot.job.after if n not in self.jobs]
-                actions.append(Say(JobNotRun(job=slot.job.name, reason=f"{missing[0]} failed in an earlier run (--retry-failed reruns it)")))
-        for host in self.hosts.values():
+                    state.enqueue(slot)
+            elif slot.phase is JobPhase.NOT_RUN and slot.job.name in state.failed_before:
+                failed = state.failed_before[slot.job.name]
+                reason = f"{failed} failed in an earlier run (--retry-failed reruns it)"
+                actions.append(Say(JobNotRun(job=slot.job.name, reason=reason)))
+                actions += state.not_run_after(slot.job.name, "will not run")
+        for host in state.hosts.values():
             if host.down is not None:
-                actions += self._revive(host)
+                actions += state.revive(host)
         for name in list(self._found):
             actions += self._take_up(name)
         return actions
@@ -258,49 +237,22 @@ class PlannerStart:
         if nothing was placed yet, else just those jobs are not run."""
         if not self._unresolved:
             return []
-        usable = [h.resources for h in self.hosts.values() if h.usable and h.resources is not None]
+        state = self.state
+        usable = state.usable()
         self._unresolved = {n for n in self._unresolved if not any(m.could_ever_fit(n) for m in usable)}
         if not self._unresolved or not self.answered:
             return []
+        placed_any = any(slot.placement is not None for slot in state.jobs.values())
         actions: list[Action] = []
-        for name, slot in self.jobs.items():
+        for name, slot in state.jobs.items():
             if slot.needs not in self._unresolved or slot.phase not in (JobPhase.QUEUED, JobPhase.BLOCKED):
                 continue
             error = self._never_fits(name, slot.needs, usable, only=False)
-            if not self._placed_any:
+            if not placed_any:
                 raise error
-            self._dequeue(slot)
-            slot.phase = JobPhase.NOT_RUN
+            state.dequeue(slot)
+            move(slot, JobPhase.NOT_RUN)
             actions.append(Say(JobNotRun(job=name, reason=str(error))))
-            actions += self._not_run_after(name)
+            actions += state.not_run_after(name)
         self._unresolved.clear()
         return actions
-
-    def agent_jobs_found(self, host: str, jobs: Mapping[str, bool]) -> list[Action]:
-        """What a host's agent still holds from an earlier coordinator (job -> still running):
-        take up what the journal says ran there and is still to do; end everything else."""
-        actions: list[Action] = []
-        slot_host = self.hosts[host]
-        for name, running in jobs.items():
-            slot = self.jobs.get(name)
-            entry = self.resumable.pop(name, None)
-            if (
-                slot is None
-                or entry is None
-                or entry.host != host
-                or slot.phase is not JobPhase.QUEUED
-                or slot_host.resources is None
-            ):
-                if slot is None or slot.placement is None or slot.placement.machine != host:
-                    actions.append(Cleanup(host, name))
-                continue
-            self._dequeue(slot)
-            placement = slot_host.resources.adopt(name, slot.needs, entry.gpus)
-            slot.phase, slot.placement = JobPhase.RUNNING, placement
-            self._placed_any = True
-            # Its use may be in the probe that just landed: its release then calls for a probe.
-            slot.probes_before = self.probes.hosts[host].landed - 1
-            actions.append(Say(JobReattached(job=name, host=host, gpus=placement.gpu_indices, running=running)))
-            actions.append(StartJob(slot.job, placement, slot.attempt, resume=True))
-        return actions
-

@@ -1,15 +1,12 @@
-"""Pure rules the coordinator applies: when to halt, what a rerun may reuse."""
+"""Pure rules the coordinator applies: when to halt (``--halt``), and what of an earlier run a
+rerun takes up (:class:`Resumable`; read from the journal by :mod:`ssh_scheduler.results.resume`)."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from ssh_scheduler.errors import ConfigError
-from ssh_scheduler.jobs.batch_file import Job
-from ssh_scheduler.results.journal import IN_FLIGHT
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,24 +51,3 @@ class Resumable:
     job: str
     host: str
     gpus: tuple[int, ...]
-
-
-def changed_commands(jobs: Sequence[Job], last: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """Jobs whose command differs from the one an earlier run recorded under the same name."""
-    changed = []
-    for job in jobs:
-        recorded = last.get(job.name, {}).get("command")
-        if recorded is not None and recorded != job.command:
-            changed.append(job.name)
-    return changed
-
-
-def in_flight(jobs: Sequence[Job], last: Mapping[str, Mapping[str, Any]]) -> dict[str, Resumable]:
-    """Jobs an earlier coordinator placed or started and never saw end: maybe still running."""
-    found = {}
-    for job in jobs:
-        entry = last.get(job.name)
-        if entry and entry.get("state") in IN_FLIGHT and entry.get("host"):
-            gpus = tuple(int(g) for g in entry.get("gpus") or ())
-            found[job.name] = Resumable(job.name, str(entry["host"]), gpus)
-    return found

@@ -1,18 +1,35 @@
-"""Choosing among machines, and saying why a job fits none: functions over
-:class:`~ssh_scheduler.planner.allocate.MachineResources` (pure)."""
+"""Why a job could never fit any machine, in one line for the user (pure).
+
+Works on anything that has a name, a probed state, a CPU overload factor and
+``could_ever_fit`` (:class:`Sized`: a :class:`~ssh_scheduler.planner.allocate.Sized`,
+which uses these words in its own messages; so this module does not import it).
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ssh_scheduler.jobs.needs import EPS, GPU_UTILIZATION_TOLERANCE, Needs, cpus_text, plural
+from ssh_scheduler.machines.probe import HostState
 
-if TYPE_CHECKING:
-    from ssh_scheduler.planner.allocate import MachineResources
+__all__ = ["Sized", "explain_unfit", "gpu_needs_text"]
 
-__all__ = ["choose", "explain_unfit", "gpu_needs_text", "max_concurrent"]
+
+class Sized(Protocol):
+    """A machine as :func:`explain_unfit` sees it."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def state(self) -> HostState: ...
+
+    @property
+    def cpu_overload(self) -> float: ...
+
+    def could_ever_fit(self, needs: Needs) -> bool: ...
 
 
 def gpu_needs_text(needs: Needs) -> str:
@@ -22,45 +39,7 @@ def gpu_needs_text(needs: Needs) -> str:
     return text
 
 
-def choose(machines: Sequence[MachineResources], needs: Needs) -> MachineResources | None:
-    """The machine with the best :meth:`~MachineResources.score` for the job, or ``None`` when
-    it fits nowhere now.  Ties go to the machine running fewest of our jobs (jobs that need
-    nothing measurable would otherwise all land on one host), then to the smallest name, so
-    plans are reproducible."""
-    best: MachineResources | None = None
-    best_score = -math.inf
-    for machine in machines:
-        # Runs once per placed job over every machine, so the cache check is inlined: only the
-        # machines that changed since their last score (usually one or two) are evaluated.
-        score = machine._cache_score if needs is machine._cache_needs else machine.score(needs)
-        # -inf never beats best_score (which starts at -inf), so misfits need no test of their own.
-        if score > best_score or (
-            score == best_score
-            and best is not None
-            and (len(machine._running), machine.name) < (len(best._running), best.name)
-        ):
-            best, best_score = machine, score
-    return best
-
-
-def max_concurrent(machine: MachineResources, needs: Needs, *, limit: int = 1024) -> int:
-    """How many such jobs fit on the machine at once now, counting what already runs there
-    (for the "machine limits:" header line).  Found by placing jobs until one does not fit, then
-    releasing them: the machine is left as it was.  Jobs that need nothing are capped at
-    ``limit``."""
-    placed: list[str] = []
-    try:
-        while len(placed) < limit and machine.score(needs) > -math.inf:
-            job_id = f"\x00max_concurrent:{len(placed)}"
-            machine.allocate(job_id, needs)
-            placed.append(job_id)
-    finally:
-        for job_id in placed:
-            machine.release(job_id)
-    return len(placed)
-
-
-def _unfit_dimensions(machine: MachineResources, needs: Needs) -> list[tuple[str, float]]:
+def _unfit_dimensions(machine: Sized, needs: Needs) -> list[tuple[str, float]]:
     """The needs the machine could never meet, each with capacity/need (how close it comes)."""
     state = machine.state
     capacity = state.cpu_count * machine.cpu_overload
@@ -80,7 +59,7 @@ def _unfit_dimensions(machine: MachineResources, needs: Needs) -> list[tuple[str
     return failed
 
 
-def _has(machine: MachineResources, dimension: str, needs: Needs) -> str:
+def _has(machine: Sized, dimension: str, needs: Needs) -> str:
     state = machine.state
     if dimension == "cpus":
         capacity = state.cpu_count * machine.cpu_overload
@@ -105,7 +84,7 @@ def _wants(dimension: str, needs: Needs) -> str:
     return gpu_needs_text(needs)
 
 
-def explain_unfit(machines: Sequence[MachineResources], needs: Needs) -> str:
+def explain_unfit(machines: Sequence[Sized], needs: Needs) -> str:
     """One line saying why no machine could *ever* fit the job, naming the largest host, e.g.
     ``needs 2 GPUs with 90000 MiB each; the largest host gpu1 has 2 GPUs with 81559 MiB``.
 
@@ -123,7 +102,7 @@ def explain_unfit(machines: Sequence[MachineResources], needs: Needs) -> str:
             "(ask for more GPUs per job instead)"
         )
 
-    def closeness(machine: MachineResources) -> tuple[int, float, str]:
+    def closeness(machine: Sized) -> tuple[int, float, str]:
         failed = _unfit_dimensions(machine, needs)
         return len(failed), -math.prod(ratio for _, ratio in failed), machine.name
 

@@ -1,0 +1,98 @@
+"""Placing what fits: the queue's jobs onto the hosts with room, over the planner's shared
+:class:`~ssh_scheduler.planner.state.PlanState` (pure).
+
+:func:`dispatch` runs after every event that may have made room or queued a job; each queue (one
+per kind of needs) is served in order, its head placed on the best host for it
+(:func:`~ssh_scheduler.planner.allocate.choose`) until it fits nowhere.  A job that failed on
+some hosts prefers the others.  A host with ``copy_backs_per_host`` copy-backs in flight starts
+nothing new until one lands.  When nothing of ours runs and nothing fits, the user is told why,
+once per reason; when no host is left at all, the batch drains.  :func:`dry_run` is the same
+placement played out without hosts (``--dry-run``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from ssh_scheduler.errors import UnsatisfiableError
+from ssh_scheduler.events import JobPlaced, Notice, PlanLine, Waiting
+from ssh_scheduler.planner.actions import Action, Say, StartJob
+from ssh_scheduler.planner.allocate import MachineResources, choose
+from ssh_scheduler.planner.phases import FINAL_PHASES, JobPhase, move
+from ssh_scheduler.planner.state import PlanState
+
+__all__ = ["dispatch", "dry_run"]
+
+
+def dispatch(state: PlanState) -> list[Action]:
+    """Place every queued job that fits now (nothing before the batch opens, while it drains or
+    while it is paused)."""
+    if not state.began or state.draining or state.paused:
+        return []
+    bound = state.options.copy_backs_per_host
+    usable = [
+        h.resources for h in state.hosts.values() if h.usable and h.resources is not None and h.copying < bound
+    ]
+    actions: list[Action] = []
+    for needs, queue in state.queues.items():
+        while queue:
+            slot = state.jobs[queue[0]]
+            machines = usable
+            if slot.failed_on:
+                avoid = set(slot.failed_on)
+                machines = [m for m in usable if m.name not in avoid] or usable
+            target = choose(machines, needs)
+            if target is None:
+                break
+            queue.popleft()
+            placement = target.allocate(slot.job.name, needs)
+            move(slot, JobPhase.RUNNING)
+            slot.placement, slot.started_at, slot.killing = placement, None, None
+            slot.probes_before = state.probes.hosts[target.name].landed
+            actions.append(
+                Say(JobPlaced(job=slot.job.name, host=target.name, gpus=placement.gpu_indices, command=slot.job.command))
+            )
+            actions.append(StartJob(slot.job, placement, slot.attempt))
+    if actions or not state.queued():
+        state.last_wait = ""
+        return actions
+    if state.busy():  # a job's end (or a copy-back landing) makes room
+        return actions
+    # Nothing of ours runs and nothing fits.
+    if not any(h.usable or h.reviving for h in state.hosts.values()):
+        state.draining = True
+        actions.append(Say(Notice(level="error", message="every host is down or quarantined; the remaining jobs were not run")))
+        return actions
+    head = next(q[0] for q in state.queues.values() if q)
+    reason = "; ".join(
+        f"{h.name}: {h.resources.capacity_summary()}" for h in state.hosts.values() if h.usable and h.resources is not None
+    ) or "; ".join(f"{h.name}: down" for h in state.hosts.values())
+    if reason != state.last_wait:
+        state.last_wait = reason
+        actions.append(Say(Waiting(job=head, reason=reason)))
+    return actions
+
+
+def dry_run(state: PlanState) -> list[PlanLine]:
+    """The schedule if jobs ended in the order they started (the placements of ``--dry-run``);
+    the hosts' resources are left as they were."""
+    running: deque[tuple[MachineResources, str]] = deque()
+    machines = state.usable()
+    lines: list[PlanLine] = []
+    for slot in state.jobs.values():
+        if slot.phase in FINAL_PHASES:
+            continue
+        while True:
+            target = choose(machines, slot.needs)
+            if target is not None:
+                placement = target.allocate(slot.job.name, slot.needs)
+                running.append((target, slot.job.name))
+                lines.append(PlanLine(job=slot.job.name, host=target.name, gpus=placement.gpu_indices))
+                break
+            if not running:
+                raise UnsatisfiableError(f"job {slot.job.name} fits on no host")
+            done_on, done_job = running.popleft()
+            done_on.release(done_job)
+    for machine, name in running:
+        machine.release(name)
+    return lines
