@@ -38,7 +38,7 @@ from ssh_scheduler.events import (
     JobFailed,
     JobStarted,
 )
-from ssh_scheduler.jobs.batch_file import validate_job_name
+from ssh_scheduler.jobs.job_names import validate_job_name
 from ssh_scheduler.view import live
 from ssh_scheduler.view.live import BoardState
 

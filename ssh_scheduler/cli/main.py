@@ -365,7 +365,7 @@ def execute_remote(
     from ssh_scheduler.coordinator.remote import RemoteOptions
     from ssh_scheduler.coordinator.remote import execute_remote as run_remote
     from ssh_scheduler.executors.transfer import CopyLimits
-    from ssh_scheduler.jobs.batch_file import validate_job_name
+    from ssh_scheduler.jobs.job_names import validate_job_name
     from ssh_scheduler.machines.config import load_machine, local_machine
 
     try:
