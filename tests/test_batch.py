@@ -3,14 +3,9 @@ from __future__ import annotations
 import pytest
 
 from ssh_scheduler.errors import BatchError
-from ssh_scheduler.jobs.batch_file import (
-    MAX_JOB_NAME_BYTES,
-    Job,
-    job_name_prefix,
-    parse_batch,
-    parse_remote_command_line,
-    validate_job_name,
-)
+from ssh_scheduler.jobs.batch_file import Job, parse_batch
+from ssh_scheduler.jobs.command_line import parse_remote_command_line
+from ssh_scheduler.jobs.job_names import MAX_JOB_NAME_BYTES, job_name_prefix, validate_job_name
 
 ANCESTOR_BATCH = b"""\
 echo "one job"

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ssh_scheduler.cli.main import expand_multi_value
+from ssh_scheduler.cli.params import expand_multi_value
 
 REPO = Path(__file__).resolve().parents[1]
 

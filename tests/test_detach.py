@@ -20,9 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from ssh_scheduler.cli import main as cli
 from ssh_scheduler.coordinator.detach import (
-    DETACHED_ENV,
     EVENTS_NAME,
     LOG_NAME,
     CoordinatorSession,
@@ -38,7 +36,7 @@ from ssh_scheduler.events import (
     JobFailed,
     JobStarted,
 )
-from ssh_scheduler.jobs.batch_file import validate_job_name
+from ssh_scheduler.jobs.job_names import validate_job_name
 from ssh_scheduler.view import live
 from ssh_scheduler.view.live import BoardState
 
@@ -173,8 +171,25 @@ def test_a_live_view_attached_later_counts_elapsed_time_from_the_batch_s_start(m
     assert board.started_at == 500.0
 
 
-def test_the_cli_names_the_same_environment_variable() -> None:
-    assert cli.DETACHED_ENV == DETACHED_ENV
+def test_an_exported_variable_does_not_make_a_command_the_detached_coordinator(tmp_path: Path) -> None:
+    # The variable an earlier version read; now only the hidden --detached-status-fd, which
+    # --detach puts on the coordinator's own command line, is that way in.
+    batch_dir(tmp_path, ["echo x"])
+    result = subprocess.run(
+        [*CLI, "execute_batch", "b.sh", *LOCAL], cwd=tmp_path, env=dict(env(tmp_path), SSH_SCHEDULER_DETACHED="1"),
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "finished: b.sh.1; echo x" in result.stdout.splitlines()  # in the foreground, on our stdout
+    assert not (tmp_path / "job_results" / EVENTS_NAME).exists() and not (tmp_path / "job_results" / LOG_NAME).exists()
+
+
+def test_the_coordinator_s_way_in_is_hidden_and_takes_only_a_pipe(tmp_path: Path) -> None:
+    batch_dir(tmp_path, ["echo x"])
+    assert "--detached-status-fd" not in cli_run(tmp_path, "execute_batch", "--help").stdout
+    refused = cli_run(tmp_path, "execute_batch", "b.sh", "--detached-status-fd", "99", *LOCAL)
+    assert refused.returncode == 2 and refused.stderr.startswith("error: --detached-status-fd 99 is not a pipe")
+    assert len(refused.stderr.splitlines()) == 1 and not (tmp_path / "job_results").exists()
 
 
 # --- the whole thing, from separate processes --------------------------------------------------

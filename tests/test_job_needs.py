@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from ssh_scheduler.errors import BatchError
-from ssh_scheduler.jobs.batch_file import parse_batch, parse_command_line
-from ssh_scheduler.planner.allocate import Needs, NeedsOverride
+from ssh_scheduler.jobs.batch_file import parse_batch
+from ssh_scheduler.jobs.command_line import parse_command_line
+from ssh_scheduler.jobs.needs import Needs, NeedsOverride
 
 
 def test_line_sets_its_own_needs() -> None:

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from ssh_scheduler.errors import BatchError, ConfigError, TransferError
-from ssh_scheduler.jobs.batch_file import RESERVED_NAMES, parse_batch
+from ssh_scheduler.jobs.batch_file import parse_batch
+from ssh_scheduler.jobs.job_names import RESERVED_NAMES
 from ssh_scheduler.results.journal import JOURNAL_NAME
 from ssh_scheduler.results.results_folder import (
     LOCK_NAME,

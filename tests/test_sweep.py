@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from ssh_scheduler.cli.sweep import sweep_args
+from ssh_scheduler.cli.main import sweep_args
 from ssh_scheduler.errors import ConfigError
+from ssh_scheduler.jobs.needs import NeedsOverride
 from ssh_scheduler.jobs.sweep import (
     MAX_NAME_CHARS,
     Combination,
@@ -24,7 +25,6 @@ from ssh_scheduler.jobs.sweep import (
     sample,
     select_commands,
 )
-from ssh_scheduler.planner.allocate import NeedsOverride
 from ssh_scheduler.results.sweep_store import (
     Layout,
     collect,

@@ -9,6 +9,8 @@ import os
 import re
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.cluster import Cluster
@@ -158,3 +160,86 @@ def test_a_documents_needs_apply_to_its_jobs(cluster4: Cluster, tmp_path: Path) 
     two = (tmp_path / "job_results" / "lr_0.001-seed_2" / "test_where.txt").read_text().split()
     one = (tmp_path / "job_results" / "lr_0.1-seed_1" / "test_where.txt").read_text().split()
     assert sorted(two[1].split(",")) == ["0", "1"] and one[1] in ("0", "1")
+
+
+# --- execute_batch's options on a sweep: --detach (attach, status, cancel) and --json ----------
+
+MARK = "sleep 3232"  # a job command no other test runs: found on a host by pgrep -f
+
+
+def jobs_on_hosts(cluster: Cluster) -> int:
+    return sum(len(h.run(f"pgrep -f '^{MARK}$' || true", user=h.user).stdout.split()) for h in cluster.hosts)
+
+
+def wait_for(check: Callable[[], bool], limit: float = 60) -> bool:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def gone(pid: int) -> bool:
+    return wait_for(lambda: not Path(f"/proc/{pid}").exists())
+
+
+def test_a_detached_sweep_runs_on_and_attach_status_and_results_follow_it(cluster4: Cluster, tmp_path: Path) -> None:
+    (tmp_path / "sweep.yaml").write_text(SWEEP)
+    started = sweep(cluster4, tmp_path, "--detach", "-q", "--max-connecting", "4")
+    assert started.returncode == 0, started.stderr
+    pid = int(re.findall(r"^detached: the sweep runs on in the background \(pid (\d+)\); its log: "
+                         r"job_results/\.jobs/\.coordinator\.log$", started.stderr, flags=re.M)[0])
+    assert ("  follow it: ssh-scheduler attach --results-dir job_results/.jobs; "
+            "stop it: ssh-scheduler cancel --all --results-dir job_results/.jobs") in started.stderr.splitlines()
+    assert "sweep: 5 of 5 combinations, 10 commands to run, 0 skipped; results in job_results/" in started.stderr
+
+    attached = cli(tmp_path, "attach", "--results-dir", "job_results/.jobs")  # to its end, then its story
+    assert attached.returncode == 0, attached.stderr
+    assert sorted(started_jobs(attached.stdout)) == sorted(f"{n}.{c}" for n in EXPECTED for c in ("train", "test"))
+    assert attached.stderr.splitlines()[-1] == "sweep: 5 of 5 combinations without a failure; see ssh-scheduler results job_results"
+    assert gone(pid)
+    status = json.loads(cli(tmp_path, "status", "job_results/.jobs", "--json").stdout)
+    assert status["coordinator"] == "finished" and status["counts"]["finished"] == 10
+    # The coordinator gathered each job into its combination's folder, as a foreground sweep does.
+    table = list(csv.DictReader(io.StringIO(cli(tmp_path, "results", "--csv").stdout)))
+    assert [(r["name"], r["state"]) for r in table] == [(n, "done") for n in EXPECTED]
+    log = (tmp_path / "job_results" / ".jobs" / ".coordinator.log").read_text()
+    assert "started: " not in log and "done: 10 finished, 0 failed" in log  # -q, as given
+
+
+def test_cancel_all_stops_a_detached_sweep_and_its_jobs_on_the_hosts(cluster4: Cluster, tmp_path: Path) -> None:
+    (tmp_path / "sweep.yaml").write_text(f"template:\n  train: {MARK}\n  test: echo never\n---\nlr: [1, 2]\n")
+    started = sweep(cluster4, tmp_path, "--detach")
+    assert started.returncode == 0, started.stderr
+    batch = ["--results-dir", "job_results/.jobs"]
+    assert wait_for(lambda: jobs_on_hosts(cluster4) == 2)
+    state = json.loads(cli(tmp_path, "status", "job_results/.jobs", "--json").stdout)
+    assert state["coordinator"] == "running" and state["counts"]["running"] == 2
+
+    stopped = cli(tmp_path, "cancel", "--all", *batch)
+    assert stopped.returncode == 0, stopped.stderr
+    assert stopped.stdout.splitlines()[-1] == "stopped"
+    assert jobs_on_hosts(cluster4) == 0  # killed on the hosts, not orphaned
+    attached = cli(tmp_path, "attach", *batch)
+    assert attached.returncode == 130 and "echo never" not in attached.stdout
+    assert attached.stderr.splitlines()[-1] == "cancelled: running jobs were killed"  # as a foreground sweep's two Ctrl-C
+
+
+def test_json_prints_the_sweep_s_events_and_its_own_lines_go_to_stderr(cluster4: Cluster, tmp_path: Path) -> None:
+    (tmp_path / "sweep.yaml").write_text(SWEEP)
+    result = sweep(cluster4, tmp_path, "--json", "--max-output-bytes", "100000", "--max-connecting", "4")
+    assert result.returncode == 0, result.stderr
+    events = [json.loads(line) for line in result.stdout.splitlines()]  # nothing else on stdout
+    assert events[0]["event"] in ("host_probed", "batch_started") and events[-1]["event"] == "batch_finished"
+    finished = sorted(e["job"] for e in events if e["event"] == "job_finished")
+    assert finished == sorted(f"{n}.{c}" for n in EXPECTED for c in ("train", "test"))
+    assert "sweep: 5 of 5 combinations, 10 commands to run, 0 skipped; results in job_results/" in result.stderr
+    assert result.stderr.splitlines()[-1].startswith("sweep: 5 of 5 combinations without a failure")
+
+    # As for a batch, a detached run's events are its event file's: the flags are known, the pair refused.
+    both = sweep(cluster4, tmp_path, "--json", "--detach", "-q", "--max-connecting", "4")
+    assert both.returncode == 2 and both.stderr == (
+        "error: --json cannot go with --detach: a detached sweep's events are in job_results/.jobs/.events.jsonl; "
+        "follow them with ssh-scheduler attach --json --results-dir job_results/.jobs\n"
+    )

@@ -1,21 +1,26 @@
-"""``execute_batch --detach`` on the command line, and ``ssh-scheduler attach``.
+"""``execute_batch --detach`` (and a sweep's) on the command line, and ``ssh-scheduler attach``.
 
-The mechanism (re-exec, the event file, following it) is :mod:`ssh_scheduler.coordinator.detach`; this
-module decides what is printed and with which exit status.
+The mechanism (re-exec, the event file, following it) is :mod:`ssh_scheduler.coordinator.detach`;
+this module decides what is printed and with which exit status.  The coordinator is the same
+command run again with the hidden ``--detached-status-fd`` (the pipe it tells the parent through
+that the batch is under way): an explicit way in, never a variable in the environment.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import stat
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ssh_scheduler.cli.main import err_line as _err
-from ssh_scheduler.cli.main import out_line as _out
+from ssh_scheduler.cli.common import err_line as _err
+from ssh_scheduler.cli.common import out_line as _out
 from ssh_scheduler.coordinator.detach import (
     EVENTS_NAME,
     EXIT_EVENT,
@@ -25,29 +30,36 @@ from ssh_scheduler.coordinator.detach import (
     follow_events,
     start_coordinator,
 )
-from ssh_scheduler.errors import SchedulerError
+from ssh_scheduler.errors import ConfigError, SchedulerError
 
 if TYPE_CHECKING:
     from ssh_scheduler.coordinator.batch import Batch
 
-__all__ = ["DetachedDisplay", "attach", "start_detached"]
+__all__ = ["DetachedDisplay", "attach", "detached_session", "start_detached"]
 
 CANCELLED_LINE = "cancelled: running jobs were killed"
 
 
-def start_detached(args: list[str], results_dir: Path, *, json_events: bool, dry_run: bool) -> int:
-    """The parent: refuse what cannot go with --detach, start the coordinator, and return its
-    refusal's exit status or 0 once the batch is under way."""
+def start_detached(
+    command: Callable[[int], list[str]], results_dir: Path, *, json_events: bool, dry_run: bool, what: str = "batch"
+) -> int:
+    """The parent: refuse what cannot go with --detach, start ``command(status_fd)`` (the same
+    command's argv, as the coordinator) and return its refusal's exit status or 0 once the
+    ``what`` (batch or sweep) is under way.  ``results_dir`` is the batch's folder: its log and
+    event file, the folder attach, status and cancel are pointed at."""
+    where = _where(results_dir)
     if json_events:
         _err(
-            "error: --json cannot go with --detach: a detached batch's events are in "
-            f"{results_dir}/{EVENTS_NAME}; follow them with ssh-scheduler attach --json"
+            f"error: --json cannot go with --detach: a detached {what}'s events are in "
+            f"{results_dir}/{EVENTS_NAME}; follow them with ssh-scheduler attach --json{where}"
         )
         return 2
     if dry_run:
         _err("error: --dry-run runs nothing to detach from; drop --detach")
         return 2
-    argv = [sys.executable, "-m", "ssh_scheduler", "execute_batch", *(a for a in args if a != "--detach")]
+
+    def argv(status_fd: int) -> list[str]:
+        return [sys.executable, "-m", "ssh_scheduler", *command(status_fd)]
 
     def echo(data: bytes) -> None:
         sys.stderr.buffer.write(data)
@@ -56,36 +68,53 @@ def start_detached(args: list[str], results_dir: Path, *, json_events: bool, dry
     pid, code = start_coordinator(argv, echo)
     if pid is None:
         return code
-    where = _where(results_dir)
-    _err(f"detached: the batch runs on in the background (pid {pid}); its log: {results_dir}/{LOG_NAME}")
+    _err(f"detached: the {what} runs on in the background (pid {pid}); its log: {results_dir}/{LOG_NAME}")
     _err(f"  follow it: ssh-scheduler attach{where}; stop it: ssh-scheduler cancel --all{where}")
     return 0
 
 
-class DetachedDisplay:
-    """The detached coordinator's display: plain lines into its log, every event into the event
-    file, and at the end the exit record ``attach`` ends with."""
+def detached_session(results_dir: Path, status_fd: int) -> CoordinatorSession:
+    """This process is the detached coordinator ``--detach`` started: its session, which tells
+    the parent through ``status_fd`` once the batch is under way."""
+    try:
+        is_pipe = stat.S_ISFIFO(os.fstat(status_fd).st_mode)
+    except OSError:
+        is_pipe = False
+    if not is_pipe:
+        raise ConfigError(
+            f"--detached-status-fd {status_fd} is not a pipe; it is set by --detach for the coordinator "
+            "it starts (use --detach)"
+        )
+    return CoordinatorSession.detached(results_dir, status_fd)
 
-    def __init__(self, session: CoordinatorSession, batch: Batch, verbosity: int) -> None:
-        from ssh_scheduler.view.display import plain_subscriber, wire_logging
+
+class DetachedDisplay:
+    """The detached coordinator's display: plain lines into its log, every event of each batch it
+    watches into the event file, and at the end the exit record ``attach`` ends with: ``end()``'s
+    exit status and lines when the run ended, else the error that ended it."""
+
+    def __init__(self, session: CoordinatorSession, verbosity: int, end: Callable[[], tuple[int, list[str]]]) -> None:
+        from ssh_scheduler.view.display import wire_logging
 
         self.session = session
-        self.batch = batch
-        batch.bus.subscribe(session)
-        out, err = session.printer(_out), session.printer(_err)
-        batch.bus.subscribe(plain_subscriber(out, err, verbosity))
-        wire_logging(verbosity, err)
+        self.verbosity = verbosity
+        self.end = end
+        self.out, self.err = session.printer(_out), session.printer(_err)
+        wire_logging(verbosity, self.err)
+
+    def watch(self, batch: Batch) -> None:
+        from ssh_scheduler.view.display import plain_subscriber
+
+        batch.bus.subscribe(self.session)
+        batch.bus.subscribe(plain_subscriber(self.out, self.err, self.verbosity))
 
     def __enter__(self) -> DetachedDisplay:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        from ssh_scheduler.view.display import summary_lines
-
         results_dir = self.session.results_dir
         if exc is None:
-            summary = self.batch.summary
-            code, lines = summary.exit_code, summary_lines(summary, results_dir)
+            code, lines = self.end()
         elif isinstance(exc, SchedulerError):
             code, lines = exc.exit_code, [f"error: {exc}"]
         elif isinstance(exc, asyncio.CancelledError):

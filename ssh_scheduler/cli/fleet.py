@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ssh_scheduler.cli.main import run_async
+from ssh_scheduler.cli.common import run_async
 from ssh_scheduler.coordinator.fleet import (
     DEFAULT_MAX_CONNECTIONS,
     FleetOptions,
@@ -18,7 +18,7 @@ from ssh_scheduler.coordinator.fleet import (
     take_trailing_command,
 )
 from ssh_scheduler.errors import ConfigError, SchedulerError
-from ssh_scheduler.machines.config import Machine
+from ssh_scheduler.machines.machine_yaml import Machine
 
 
 def _write_line(stream: Any, line: str) -> None:

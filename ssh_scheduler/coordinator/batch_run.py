@@ -1,7 +1,9 @@
 """What a batch run takes and gives (its options and summary), and which of its jobs run now.
 
 Plain data and file-system reads of ``job_results/`` (the journal, existing results); no
-connections.  The coordinator (:mod:`ssh_scheduler.coordinator.batch`) uses these.
+connections.  The coordinator (:mod:`ssh_scheduler.coordinator.batch`) uses these.  The command
+line's values become :class:`BatchOptions` through the option table
+(:mod:`ssh_scheduler.jobs.options`), which says where each value goes (:func:`batch_options`).
 """
 
 from __future__ import annotations
@@ -9,9 +11,10 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ssh_scheduler.errors import ConfigError
 from ssh_scheduler.events import (
@@ -27,12 +30,13 @@ from ssh_scheduler.executors.session import DEFAULT_LEASE
 from ssh_scheduler.executors.transfer import CopyLimits
 from ssh_scheduler.jobs.batch_file import Job
 from ssh_scheduler.jobs.forward import ForwardPolicy
-from ssh_scheduler.planner.allocate import Needs
-from ssh_scheduler.planner.policy import HaltPolicy, Resumable
+from ssh_scheduler.jobs.needs import Needs, flag_needs
+from ssh_scheduler.jobs.options import destined
+from ssh_scheduler.planner.policy import HaltPolicy, Resumable, parse_halt
 from ssh_scheduler.results.journal import JobState, batch_token, last_states
 from ssh_scheduler.results.resume import changed_commands, in_flight
 
-__all__ = ["BatchOptions", "BatchSummary", "JobOutcome", "Selection", "select_jobs", "set_aside"]
+__all__ = ["BatchOptions", "BatchSummary", "JobOutcome", "Selection", "batch_options", "select_jobs", "set_aside"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +66,26 @@ class BatchOptions:
     """What the copy forward may send (secrets, paths outside, size)."""
     echo_output: bool = False
     """Also copy every job's output to this process's stdout/stderr as it arrives."""
+
+
+def batch_options(values: Mapping[str, Any], **fields: Any) -> BatchOptions:
+    """The :class:`BatchOptions` that command-line ``values`` (by option name) ask for: each value
+    goes where the option table says (``options.F``, ``limits.F``, ``forward.F``, the needs);
+    ``fields`` set what the caller decides itself (a sweep's results folder)."""
+    needs, gpus_explicit = flag_needs(values)
+    direct = destined(values, "options")
+    if "halt" in direct:
+        direct["halt"] = parse_halt(direct["halt"])
+    forward = destined(values, "forward")
+    # Naming what to send is a confirmation too: only the default copy (.) stops above the limits.
+    forward["confirmed"] = bool(forward.get("confirmed")) or bool(values.get("copy_forwards"))
+    return BatchOptions(
+        needs=needs,
+        gpus_explicit=gpus_explicit,
+        limits=CopyLimits(**destined(values, "limits")),
+        forward=ForwardPolicy(**forward),
+        **{**direct, **fields},
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,9 @@
 """A coordinator that outlives the terminal: ``execute_batch --detach``.
 
-The parent re-executes the same ``execute_batch`` command (never a fork of a running event
-loop) as a child in a session of its own, stdin from ``/dev/null``, no controlling terminal.
+The parent re-executes the same command (never a fork of a running event loop) as a child in a
+session of its own, stdin from ``/dev/null``, no controlling terminal; the child's command line
+names the descriptor of a status pipe (the CLI's hidden ``--detached-status-fd``), which is what
+makes it the detached coordinator: its environment is the user's, unchanged.
 Until the batch is under way the child's stdout and stderr are an anonymous temporary file the
 parent echoes as it grows, so a refusal (bad YAML, unknown host key, a job nothing can fit)
 reaches the user's terminal as the one line a foreground run prints, with its exit status.  The
@@ -33,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -41,7 +43,6 @@ from ssh_scheduler import events
 from ssh_scheduler.events import EVENT_VERSION, BatchStarted, Event, GpuReading, HostProbed
 
 __all__ = [
-    "DETACHED_ENV",
     "EVENTS_NAME",
     "EXIT_EVENT",
     "LOG_NAME",
@@ -55,8 +56,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-DETACHED_ENV = "SSH_SCHEDULER_DETACHED"
-"""Set (to the status pipe's descriptor) in the environment of the detached coordinator."""
 LOG_NAME = ".coordinator.log"
 EVENTS_NAME = ".events.jsonl"
 HEADER_EVENT = "coordinator"
@@ -70,14 +69,16 @@ READY = b"ready\n"
 # --- the parent: start the coordinator and wait until it is under way ------------------------
 
 
-def start_coordinator(argv: list[str], echo: Callable[[bytes], None]) -> tuple[int | None, int]:
-    """Run ``argv`` detached; ``echo`` gets its output until the batch is under way.  Returns
-    (the coordinator's pid, 0) once it is, or (None, its exit status) when it ended first."""
+def start_coordinator(argv: Callable[[int], Sequence[str]], echo: Callable[[bytes], None]) -> tuple[int | None, int]:
+    """Run ``argv(status_fd)`` detached: the coordinator's command line, given the descriptor of
+    the pipe it writes :data:`READY` to (:meth:`CoordinatorSession.detached`).  ``echo`` gets its
+    output until the batch is under way.  Returns (the coordinator's pid, 0) once it is, or
+    (None, its exit status) when it ended first."""
     status_read, status_write = os.pipe()
     with tempfile.TemporaryFile() as early:
         proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=early, stderr=early, pass_fds=(status_write,),
-            start_new_session=True, env={**os.environ, DETACHED_ENV: str(status_write)},
+            list(argv(status_write)), stdin=subprocess.DEVNULL, stdout=early, stderr=early,
+            pass_fds=(status_write,), start_new_session=True,
         )
         os.close(status_write)
         said = b""
@@ -138,14 +139,12 @@ class CoordinatorSession:
         os.set_inheritable(status_fd, False)  # jobs and agents must not hold the parent waiting
 
     @classmethod
-    def from_environment(cls, results_dir: Path) -> CoordinatorSession | None:
-        """The session when this process is a detached coordinator, else ``None``."""
-        value = os.environ.pop(DETACHED_ENV, None)
-        if value is None:
-            return None
+    def detached(cls, results_dir: Path, status_fd: int) -> CoordinatorSession:
+        """The session of this process, the detached coordinator :func:`start_coordinator` ran
+        with ``status_fd``."""
         # Its own session already: the old terminal's hangup is not ours, whoever sends it.
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        return cls(results_dir, int(value))
+        return cls(results_dir, status_fd)
 
     # The event subscriber.
     def __call__(self, event: Event) -> None:

@@ -8,25 +8,22 @@ import tempfile
 from pathlib import Path
 
 from ssh_scheduler.errors import ConfigError
+from ssh_scheduler.jobs.options import option
 
 __all__ = ["check_numbers", "check_results_dir"]
 
 
-def check_numbers(
-    *,
-    timeout: float | None = None,
-    keepalive: float | None = None,
-    retries: int = 0,
-    lease: float = 60.0,
-    probe_interval: float = 15.0,
-) -> None:
-    """Options that only make sense as positive numbers (``--retries`` may be 0)."""
-    positive = {"--timeout": timeout, "--keepalive": keepalive, "--lease": lease, "--probe-interval": probe_interval}
-    for flag, value in positive.items():
-        if value is not None and not value > 0:  # "not >" also refuses NaN
+def check_numbers(**values: object) -> None:
+    """The given options (by name) whose table entry asks for a check: ``seconds`` only make sense
+    as a positive number, a ``count`` (``--retries``) may be 0.  ``None`` is not given."""
+    for name, value in values.items():
+        check, flag = option(name).check, option(name).flag
+        if not check or not isinstance(value, int | float):  # None: not given
+            continue
+        if check == "seconds" and not value > 0:  # "not >" also refuses NaN
             raise ConfigError(f"{flag} must be a positive number of seconds, not {value:g}")
-    if retries < 0:
-        raise ConfigError(f"--retries must be 0 or more, not {retries}")
+        if check == "count" and value < 0:
+            raise ConfigError(f"{flag} must be 0 or more, not {value}")
 
 
 def check_results_dir(results_dir: Path) -> None:

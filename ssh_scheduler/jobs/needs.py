@@ -6,9 +6,12 @@ See :mod:`ssh_scheduler.planner.allocate` for how needs are counted against a ho
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
 from ssh_scheduler.errors import ConfigError
+from ssh_scheduler.jobs.options import need_options
 
 __all__ = [
     "DEFAULT_CPU_OVERLOAD",
@@ -17,6 +20,8 @@ __all__ = [
     "Needs",
     "NeedsOverride",
     "cpus_text",
+    "flag_message",
+    "flag_needs",
     "plural",
 ]
 
@@ -91,6 +96,39 @@ class NeedsOverride:
         if needs.gpus == 0:  # GPU fields mean nothing then; keep equal needs equal
             needs = Needs(needs.cpus, needs.memory_mb, 0, 0, 0.0, needs.reserve_machine, False)
         return needs
+
+
+def flag_needs(values: Mapping[str, Any]) -> tuple[Needs, bool]:
+    """The needs flags' values (by option name, see :mod:`ssh_scheduler.jobs.options`) as one
+    :class:`Needs`, and whether GPUs were asked for explicitly (``--gpus-per-job``,
+    ``--no-gpu-required``): if not, a job wants a GPU only where some host has one."""
+    given: dict[str, Any] = {}
+    # Values first, then switches: --no-gpu-required wins over --gpus-per-job.
+    for option in sorted(need_options(), key=lambda o: o.switch):
+        value = values.get(option.name, option.default)
+        field = option.to.partition(".")[2]
+        if option.switch:
+            if value:
+                given[field] = option.sets
+        elif value is not None:
+            given[field] = value
+    try:
+        needs = Needs(**given)
+    except ConfigError as err:
+        raise ConfigError(flag_message(str(err))) from None
+    if needs.gpus == 0:  # the GPU fields mean nothing then; keep equal needs equal
+        needs = replace(needs, gpu_memory_mb=0, gpu_utilization=0.0)
+    return needs, "gpus" in given
+
+
+def flag_message(message: str) -> str:
+    """A :class:`Needs` range error in the words of its flag: ``cpus must be...`` ->
+    ``--num-cpus must be...``."""
+    for option in need_options():
+        field = option.to.partition(".")[2]
+        if not option.switch and message.startswith(field + " "):
+            return option.flag + message[len(field) :]
+    return message
 
 
 def plural(count: int, word: str) -> str:

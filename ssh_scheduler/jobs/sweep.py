@@ -46,8 +46,10 @@ from typing import Any
 import yaml
 
 from ssh_scheduler.errors import BatchError, ConfigError, plain_text, show_value
-from ssh_scheduler.jobs.batch_file import Job, check_dependencies, validate_job_name
-from ssh_scheduler.planner.allocate import Needs, NeedsOverride
+from ssh_scheduler.jobs.batch_file import Job, check_dependencies
+from ssh_scheduler.jobs.job_names import validate_job_name
+from ssh_scheduler.jobs.needs import Needs, NeedsOverride
+from ssh_scheduler.jobs.options import need_options
 
 __all__ = [
     "MAX_NAME_CHARS",
@@ -69,18 +71,13 @@ Scalar = str | int | float | bool
 MAX_NAME_CHARS = 100
 """Longest combination folder name; longer ones are cut and get a hash (job names add a command)."""
 
-# Per-document needs: the execute_batch flags, with underscores (``gpus_per_job: 2``).
+# Per-document needs: the execute_batch flags, with underscores (``gpus_per_job: 2``), from the
+# option table: a value's Needs field and type, a switch's field and what it sets.
 NEED_KEYS: dict[str, tuple[str, type]] = {
-    "num_cpus": ("cpus", float),
-    "memory_required": ("memory_mb", int),
-    "gpus_per_job": ("gpus", int),
-    "gpu_memory_required": ("gpu_memory_mb", int),
-    "gpu_utilization": ("gpu_utilization", float),
+    o.name: (o.to.partition(".")[2], o.kind) for o in need_options() if not o.switch
 }
 NEED_SWITCHES: dict[str, tuple[str, object]] = {
-    "reserve": ("reserve_machine", True),
-    "no_gpu_required": ("gpus", 0),
-    "no_reserve_gpu": ("reserve_gpu", False),
+    o.name: (o.to.partition(".")[2], o.sets) for o in need_options() if o.switch
 }
 BUILTINS = ("_output", "_name")
 _PARAM_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")

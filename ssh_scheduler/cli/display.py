@@ -1,0 +1,45 @@
+"""What a batch run shows in the foreground: ``--json`` events, the live view on a terminal, or
+the plain lines; ``-v`` / ``-q`` say how much.  (A detached run's output: ``cli/detach.py``.)"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ssh_scheduler.cli.common import err_line, out_line
+
+if TYPE_CHECKING:
+    from ssh_scheduler.coordinator.batch import Batch
+
+__all__ = ["batch_display", "verbosity_of"]
+
+
+def verbosity_of(values: Mapping[str, Any]) -> int:
+    """``-q``: -1 (only failures and the summary); else how many ``-v``."""
+    return -1 if values["quiet"] else int(values["verbose"])
+
+
+def batch_display(batch: Batch, *, json_events: bool, plain: bool, verbosity: int) -> contextlib.AbstractContextManager[Any]:
+    """Subscribe what the user sees: ``--json`` events, the live view on a terminal, or the plain
+    lines (not a terminal, ``--plain``, ``NO_COLOR``, ``TERM=dumb``)."""
+    from ssh_scheduler.view.display import JsonLines, plain_subscriber, wire_logging
+
+    if json_events:
+        batch.bus.subscribe(JsonLines(out_line))
+        batch.bus.subscribe(plain_subscriber(lambda _: None, err_line, min(verbosity, 0)))
+        wire_logging(verbosity, err_line)
+        return contextlib.nullcontext()
+    tty = sys.stdout.isatty() and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
+    if plain or not tty or batch.options.dry_run:
+        batch.bus.subscribe(plain_subscriber(out_line, err_line, verbosity))
+        wire_logging(verbosity, err_line)
+        return contextlib.nullcontext()
+    from ssh_scheduler.view.live import LiveView
+
+    view = LiveView(verbosity=verbosity)
+    batch.bus.subscribe(view)
+    wire_logging(verbosity, view.print_err)  # above the live area, not through it
+    return view
