@@ -252,6 +252,18 @@ def test_detach_returns_while_jobs_run_and_attach_status_follow_it(tmp_path: Pat
 
 
 @pytest.mark.slow
+def test_detach_with_json_prints_the_records_up_to_the_batch_s_start(tmp_path: Path) -> None:
+    batch_dir(tmp_path, ["echo one", "echo two"])
+    started = cli_run(tmp_path, "execute_batch", "b.sh", "--detach", "--json", "-q", *LOCAL)
+    assert started.returncode == 0, started.stderr
+    records = [json.loads(line) for line in started.stdout.splitlines()]  # stdout: JSON records only
+    assert records[0]["event"] == "coordinator" and f"(pid {records[0]['pid']})" in started.stderr
+    assert records[-1]["event"] == "batch_started" and records[-1]["jobs"] == 2
+    assert gone(records[0]["pid"])
+    replayed = cli_run(tmp_path, "attach", "--json").stdout.splitlines()
+    assert replayed[: len(records)] == started.stdout.splitlines()  # the same records attach begins with
+
+
 def test_a_refused_detach_prints_one_line_and_leaves_nothing_behind(tmp_path: Path) -> None:
     batch_dir(tmp_path, ["echo x"])
     (tmp_path / "bad.yaml").write_text("host: [unclosed\n")
@@ -265,9 +277,8 @@ def test_a_refused_detach_prints_one_line_and_leaves_nothing_behind(tmp_path: Pa
     huge = ["--no-gpu-required", "--num-cpus", "0", "--memory-required", str(1 << 40), "--copy-forwards", "empty"]
     never = cli_run(tmp_path, "execute_batch", "b.sh", "--detach", *huge)
     assert never.returncode != 0 and never.stderr.startswith("error: ") and len(never.stderr.splitlines()) == 1
-    for flags, wanted in ((["--json"], "--json cannot go with --detach"), (["--dry-run"], "--dry-run runs nothing")):
-        both = cli_run(tmp_path, "execute_batch", "b.sh", "--detach", *flags, *LOCAL)
-        assert both.returncode == 2 and wanted in both.stderr
+    both = cli_run(tmp_path, "execute_batch", "b.sh", "--detach", "--dry-run", *LOCAL)
+    assert both.returncode == 2 and "--dry-run runs nothing" in both.stderr
     nothing = cli_run(tmp_path, "attach")
     assert nothing.returncode == 2 and nothing.stderr == "error: nothing to attach to in job_results: no batch ran there with --detach\n"
     (tmp_path / "job_results").mkdir()

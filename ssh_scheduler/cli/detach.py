@@ -9,6 +9,7 @@ that the batch is under way): an explicit way in, never a variable in the enviro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import stat
 import sys
@@ -46,14 +47,9 @@ def start_detached(
     """The parent: refuse what cannot go with --detach, start ``command(status_fd)`` (the same
     command's argv, as the coordinator) and return its refusal's exit status or 0 once the
     ``what`` (batch or sweep) is under way.  ``results_dir`` is the batch's folder: its log and
-    event file, the folder attach, status and cancel are pointed at."""
+    event file, the folder attach, status and cancel are pointed at.  ``json_events``: stdout
+    gets the event records up to the batch's start, as ``attach --json`` prints them."""
     where = _where(results_dir)
-    if json_events:
-        _err(
-            f"error: --json cannot go with --detach: a detached {what}'s events are in "
-            f"{results_dir}/{EVENTS_NAME}; follow them with ssh-scheduler attach --json{where}"
-        )
-        return 2
     if dry_run:
         _err("error: --dry-run runs nothing to detach from; drop --detach")
         return 2
@@ -68,9 +64,30 @@ def start_detached(
     pid, code = start_coordinator(argv, echo)
     if pid is None:
         return code
+    if json_events:
+        # stdout gets what `attach --json` would show first: the coordinator's record (its pid and
+        # host), then the events up to the batch's start; the rest is in the event file.
+        for record in _records_until_started(results_dir / EVENTS_NAME):
+            _out(record)
     _err(f"detached: the {what} runs on in the background (pid {pid}); its log: {results_dir}/{LOG_NAME}")
     _err(f"  follow it: ssh-scheduler attach{where}; stop it: ssh-scheduler cancel --all{where}")
     return 0
+
+
+def _records_until_started(path: Path) -> list[str]:
+    """The event file's lines up to and including ``batch_started`` (the coordinator wrote them
+    before it let us return)."""
+    import json
+
+    lines: list[str] = []
+    with contextlib.suppress(OSError), open(path, encoding="utf-8", errors="replace") as stream:
+        for line in stream:
+            lines.append(line.rstrip("\n"))
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if isinstance(record, dict) and record.get("event") == "batch_started":
+                    break
+    return lines
 
 
 def detached_session(results_dir: Path, status_fd: int) -> CoordinatorSession:
