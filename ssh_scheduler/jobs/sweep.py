@@ -47,7 +47,7 @@ import yaml
 
 from ssh_scheduler.errors import BatchError, ConfigError, plain_text, show_value
 from ssh_scheduler.jobs.batch_file import Job, check_dependencies, validate_job_name
-from ssh_scheduler.planner.allocate import Needs, NeedsOverride
+from ssh_scheduler.jobs.needs import Needs, NeedsOverride
 
 __all__ = [
     "MAX_NAME_CHARS",
