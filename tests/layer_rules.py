@@ -244,7 +244,7 @@ def name_findings(package: Path) -> list[str]:
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 source = resolve(node.module, package.name, modules)
-                if source is None or node.module.split(".", 1)[-1] != source and node.module != package.name:
+                if source is None or (node.module.split(".", 1)[-1] != source and node.module != package.name):
                     continue
                 for alias in node.names:
                     whole = f"{source}.{alias.name}" if source != "__init__" else alias.name
