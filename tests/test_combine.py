@@ -9,13 +9,8 @@ from pathlib import Path
 import pytest
 
 from ssh_scheduler.errors import ConfigError, ConflictError, SchedulerError, TransferError
-from ssh_scheduler.results.combine import (
-    CombineConflictError,
-    CombineReport,
-    _execute,
-    combine_folders,
-    plan_combine,
-)
+from ssh_scheduler.results.combine import _execute, combine_folders
+from ssh_scheduler.results.combine_plan import CombineConflictError, CombineReport, plan_combine
 
 
 def write(path: Path, content: str | bytes = "x", mode: int | None = None) -> Path:

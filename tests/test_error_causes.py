@@ -15,12 +15,8 @@ import asyncssh
 import pytest
 
 from ssh_scheduler.coordinator.fleet import killable
-from ssh_scheduler.machines.machine_yaml import (
-    DEFAULT_MAX_SESSIONS,
-    DEFAULT_PORT,
-    DEFAULT_WORKDIR,
-    MACHINE_KEYS,
-)
+from ssh_scheduler.machines.machine import DEFAULT_MAX_SESSIONS, DEFAULT_PORT, DEFAULT_WORKDIR
+from ssh_scheduler.machines.machine_yaml import MACHINE_KEYS
 from tests.cluster import Cluster, HostSpec
 from tests.test_agent_boot import TOO_OLD, old_python
 from tests.test_fleet_unit import finish, start_killable

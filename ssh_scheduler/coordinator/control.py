@@ -17,14 +17,13 @@ import logging
 import os
 import socket
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ssh_scheduler.errors import SchedulerError
-
-if TYPE_CHECKING:
-    from ssh_scheduler.coordinator.batch import Batch
+from ssh_scheduler.planner.actions import Action
+from ssh_scheduler.planner.plan import Planner
 
 __all__ = ["SOCKET_NAME", "ControlError", "ControlServer", "batch_requests", "send_request"]
 
@@ -35,6 +34,18 @@ MAX_REQUEST = 1 << 20
 _UNIX_PATH_MAX = 107  # sun_path is 108 bytes with its NUL
 
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+class Steerable(Protocol):
+    """What a request steers: the coordinator of a batch (``coordinator.batch.Batch``), named
+    here by what it offers so that the batch may import this module and not the reverse."""
+
+    @property
+    def planner(self) -> Planner | None: ...
+
+    def perform(self, actions: Sequence[Action]) -> None: ...
+
+    def request_stop(self) -> None: ...
 
 
 class ControlError(SchedulerError):
@@ -107,7 +118,7 @@ class ControlServer:
             writer.close()
 
 
-def batch_requests(batch: Batch) -> Handler:
+def batch_requests(batch: Steerable) -> Handler:
     """What a request does to ``batch``: planner events, performed by the coordinator."""
 
     def handle(request: dict[str, Any]) -> dict[str, Any]:

@@ -28,20 +28,19 @@ from pathlib import Path
 from ssh_scheduler.errors import ConfigError, plain_text, show_value
 from ssh_scheduler.machines import hostlist
 from ssh_scheduler.machines import ssh_config as ssh_config_files
-from ssh_scheduler.machines.machine_yaml import (
+from ssh_scheduler.machines.machine import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_MAX_SESSIONS,
     DEFAULT_PORT,
     DEFAULT_WORKDIR,
-    MACHINE_KEYS,
     Machine,
     check_user,
     local_machine,
     normalize_host,
-    parse_machine_yaml,
     read_text,
     tilde_path,
 )
+from ssh_scheduler.machines.machine_yaml import MACHINE_KEYS, parse_machine_yaml
 from ssh_scheduler.machines.ssh_config import ConfigFile, read_config_file
 from ssh_scheduler.machines.ssh_resolve import SshHost, resolve_host
 from ssh_scheduler.machines.ssh_tokens import JumpHop, LocalAccount, current_account, parse_jump

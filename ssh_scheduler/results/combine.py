@@ -29,34 +29,23 @@ from typing import Final, NamedTuple
 
 from ssh_scheduler.errors import TransferError
 from ssh_scheduler.results.combine_plan import (
-    _COPY_CHUNK,
-    _DIR_FLAGS,
-    _HASH_CHUNK,
-    _KEPT_MODE_BITS,
-    _READ_FLAGS,
-    _TEMP_FLAGS,
-    CombineConflictError,
     CombinePlan,
     CombineReport,
-    Conflict,
     PlannedCopy,
-    PlannedDir,
     PlannedLink,
-    _one_line,
     plan_combine,
 )
+from ssh_scheduler.results.combine_tree import (
+    COPY_CHUNK,
+    DIR_FLAGS,
+    HASH_CHUNK,
+    KEPT_MODE_BITS,
+    READ_FLAGS,
+    TEMP_FLAGS,
+    one_line,
+)
 
-__all__ = [
-    "CombineConflictError",
-    "CombinePlan",
-    "CombineReport",
-    "Conflict",
-    "PlannedCopy",
-    "PlannedDir",
-    "PlannedLink",
-    "combine_folders",
-    "plan_combine",
-]
+__all__ = ["combine_folders"]
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +124,7 @@ class _DirCursor:
 
     def _open(self, parent: int, name: str) -> int:
         try:
-            return os.open(name, _DIR_FLAGS, dir_fd=parent)
+            return os.open(name, DIR_FLAGS, dir_fd=parent)
         except FileNotFoundError:
             if not self._create:
                 raise
@@ -146,7 +135,7 @@ class _DirCursor:
             self.created.add("/".join([*self._names, name]))
         except FileExistsError:  # made meanwhile (by another writer); O_NOFOLLOW still checks it
             pass
-        return os.open(name, _DIR_FLAGS, dir_fd=parent)
+        return os.open(name, DIR_FLAGS, dir_fd=parent)
 
     def where(self, name: str = "") -> str:
         return os.path.join(self._root_label, *self._names, name)
@@ -241,14 +230,14 @@ class _Writer:
                         source_fd = cursor.enter(parts)
                     except OSError as exc:  # the source directory vanished or was swapped
                         skipped.append(
-                            _one_line(f"skipped {cursor.where(name)}: {exc.strerror or exc}")
+                            one_line(f"skipped {cursor.where(name)}: {exc.strerror or exc}")
                         )
                         continue
                     try:
                         _copy_file(source_fd, dest_fd, name, copy.compared, self._temp_names)
                         self.copied += 1
                     except _Skip as exc:
-                        skipped.append(_one_line(f"skipped {cursor.where(name)}: {exc}"))
+                        skipped.append(one_line(f"skipped {cursor.where(name)}: {exc}"))
                 for link in links:
                     name = link.rel.rpartition("/")[2]
                     try:
@@ -256,7 +245,7 @@ class _Writer:
                         self.links += 1
                     except FileExistsError:
                         skipped.append(
-                            _one_line(
+                            one_line(
                                 f"skipped {self.dest.where(name)}: appeared meanwhile; not overwritten"
                             )
                         )
@@ -355,7 +344,7 @@ def _copy_file(
 ) -> None:
     """Copy one file into ``dest_dir``: temp file, then hard link into place (never overwrites)."""
     try:
-        source = os.open(name, _READ_FLAGS, dir_fd=source_dir)
+        source = os.open(name, READ_FLAGS, dir_fd=source_dir)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise _Skip("became a symlink after it was planned") from None
@@ -370,7 +359,7 @@ def _copy_file(
         try:
             try:
                 _copy_data(source, temp.fd, st.st_size)
-                os.fchmod(temp.fd, stat.S_IMODE(st.st_mode) & _KEPT_MODE_BITS)
+                os.fchmod(temp.fd, stat.S_IMODE(st.st_mode) & KEPT_MODE_BITS)
                 os.utime(temp.fd, ns=(st.st_atime_ns, st.st_mtime_ns))
             finally:
                 os.close(temp.fd)
@@ -393,7 +382,7 @@ def _create_temp(dest_dir: int, temp_names: Iterator[str]) -> _Temp:
     while True:
         name = next(temp_names)
         try:
-            return _Temp(os.open(name, _TEMP_FLAGS, 0o600, dir_fd=dest_dir), name)
+            return _Temp(os.open(name, TEMP_FLAGS, 0o600, dir_fd=dest_dir), name)
         except FileExistsError:  # a leftover of a crashed run, or a source file by that name
             continue
 
@@ -403,7 +392,7 @@ def _copy_data(source: int, dest: int, size: int) -> None:
     remaining = size
     try:
         while remaining > 0:
-            sent = os.sendfile(dest, source, None, min(remaining, _COPY_CHUNK))
+            sent = os.sendfile(dest, source, None, min(remaining, COPY_CHUNK))
             if sent == 0:
                 break
             remaining -= sent
@@ -412,7 +401,7 @@ def _copy_data(source: int, dest: int, size: int) -> None:
             raise
         # sendfile() between these two files is not supported: plain read/write.
         while remaining > 0:
-            chunk = os.read(source, min(remaining, _HASH_CHUNK))
+            chunk = os.read(source, min(remaining, HASH_CHUNK))
             if not chunk:
                 break
             remaining -= len(chunk)
