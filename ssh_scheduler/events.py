@@ -15,10 +15,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
-
-if TYPE_CHECKING:
-    from ssh_scheduler.machines.probe import HostState
+from typing import Any, ClassVar
 
 __all__ = [
     "EVENT_VERSION",
@@ -163,18 +160,6 @@ class HostProbed(Event):
     memory_total_mb: int
     gpus: tuple[GpuReading, ...] = ()
 
-    @classmethod
-    def of(cls, host: str, state: HostState) -> HostProbed:
-        return cls(
-            host=host,
-            cpus=state.cpu_count,
-            load=state.load_1m,
-            memory_free_mb=state.mem_available_mb,
-            memory_total_mb=state.mem_total_mb,
-            gpus=tuple(
-                GpuReading(g.index, g.memory_used_mb, g.memory_total_mb, g.utilization) for g in state.gpus
-            ),
-        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

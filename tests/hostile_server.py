@@ -28,7 +28,7 @@ import asyncssh
 
 from ssh_scheduler.agent import protocol as P
 from ssh_scheduler.agent import wire as W
-from ssh_scheduler.machines.config import Machine
+from ssh_scheduler.machines.machine import Machine
 from ssh_scheduler.machines.probe import PROBE_SCRIPT
 
 ENDLESS = object()

@@ -191,24 +191,6 @@ def violations(package: Path) -> list[str]:
     return sorted(set(found))
 
 
-def script_circles(scripts: Path) -> list[list[str]]:
-    """Circles among ``scripts/*.py`` (they import each other by bare module name)."""
-    names = {p.stem: p for p in scripts.glob("*.py")}
-    edges: dict[str, set[str]] = {n: set() for n in names}
-    for name, path in names.items():
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-            targets = []
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
-                targets = [node.module]
-            for target in targets:
-                head = target.split(".")[0]
-                if head in names and head != name:
-                    edges[name].add(head)
-    return circles(edges)
-
-
 def defined_names(path: Path) -> set[str]:
     """Names a module binds at its top level (also inside top-level ``if``/``try``), by
     definition or assignment -- not names it only imports."""

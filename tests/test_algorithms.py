@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from ssh_scheduler.errors import ConfigError, TransportError
-from ssh_scheduler.machines.config import Machine, load_machine
+from ssh_scheduler.machines.config import load_machine
+from ssh_scheduler.machines.machine import Machine
 from ssh_scheduler.transport.auth import algorithm_options
 from ssh_scheduler.transport.hostkeys import known_hosts_name
 from ssh_scheduler.transport.ssh import connect

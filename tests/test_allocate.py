@@ -7,7 +7,7 @@ import pytest
 
 from ssh_scheduler.errors import ConfigError, SchedulerError
 from ssh_scheduler.jobs.needs import Needs
-from ssh_scheduler.machines.probe import GpuProcess, GpuState, HostState, OwnUsage
+from ssh_scheduler.machines.host_state import GpuProcess, GpuState, HostState, OwnUsage
 from ssh_scheduler.planner.allocate import MachineResources, choose, max_concurrent
 from ssh_scheduler.planner.explain import explain_unfit
 from ssh_scheduler.planner.placement import NoFit, Placement

@@ -25,11 +25,13 @@ from ssh_scheduler.agent import hostguard as G
 from ssh_scheduler.agent import main as agent
 from ssh_scheduler.agent import protocol as P
 from ssh_scheduler.agent import wire as W
-from ssh_scheduler.coordinator.batch import BatchOptions, BatchSummary, run_batch
+from ssh_scheduler.coordinator.batch import run_batch
+from ssh_scheduler.coordinator.batch_run import BatchOptions
 from ssh_scheduler.executors import bulk
 from ssh_scheduler.jobs.batch_file import Job
+from ssh_scheduler.jobs.needs import Needs
 from ssh_scheduler.machines.config import load_machine
-from ssh_scheduler.planner.allocate import Needs
+from ssh_scheduler.results.summary import BatchSummary
 from ssh_scheduler.transport.ssh import SSHTransport
 from tests.cluster import Cluster
 

@@ -18,14 +18,16 @@ from pathlib import Path
 
 import pytest
 
-from ssh_scheduler.coordinator.batch import BatchOptions, run_batch
+from ssh_scheduler.coordinator.batch import run_batch
+from ssh_scheduler.coordinator.batch_run import BatchOptions
 from ssh_scheduler.coordinator.doctor import check_script
 from ssh_scheduler.coordinator.fleet import killable
 from ssh_scheduler.executors.slurm import open_slurm_executor
 from ssh_scheduler.executors.slurm_jobs import batch_script, job_name, sbatch_argv
 from ssh_scheduler.jobs.batch_file import Job
 from ssh_scheduler.jobs.needs import Needs
-from ssh_scheduler.machines.config import load_machine, local_machine
+from ssh_scheduler.machines.config import load_machine
+from ssh_scheduler.machines.machine import local_machine
 from ssh_scheduler.machines.probe import PROBE_COMMAND
 from ssh_scheduler.machines.slurm import SlurmSettings
 from ssh_scheduler.transport.bootstrap import agent_start

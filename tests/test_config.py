@@ -9,16 +9,10 @@ import pytest
 from ssh_scheduler.errors import ConfigError
 from ssh_scheduler.machines import config as config_module
 from ssh_scheduler.machines import ssh_config
-from ssh_scheduler.machines.config import (
-    DEFAULT_WORKDIR,
-    Machine,
-    SshConfigs,
-    SshHost,
-    load_machine,
-    load_machines,
-    local_machine,
-    parse_machine_yaml,
-)
+from ssh_scheduler.machines.config import SshConfigs, load_machine, load_machines
+from ssh_scheduler.machines.machine import DEFAULT_WORKDIR, Machine, local_machine
+from ssh_scheduler.machines.machine_yaml import parse_machine_yaml
+from ssh_scheduler.machines.ssh_resolve import SshHost
 from ssh_scheduler.machines.ssh_tokens import LocalAccount, current_account
 
 ANCESTOR_YAML = """\

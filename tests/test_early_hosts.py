@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 
 from ssh_scheduler.coordinator import early_hosts
-from ssh_scheduler.coordinator.batch import Batch, BatchOptions
+from ssh_scheduler.coordinator.batch import Batch
+from ssh_scheduler.coordinator.batch_run import BatchOptions
 from ssh_scheduler.coordinator.early_hosts import EarlyHosts
 from ssh_scheduler.errors import TransferError
 from ssh_scheduler.jobs.batch_file import Job
 from ssh_scheduler.jobs.forward import ForwardPolicy
-from ssh_scheduler.planner.allocate import Needs
+from ssh_scheduler.jobs.needs import Needs
 from ssh_scheduler.results.journal import batch_token
 from tests.hostile_server import AGENT_PREFIX, HostileServer, hostile_server
 

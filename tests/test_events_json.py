@@ -7,7 +7,7 @@ import json
 
 from ssh_scheduler import events
 from ssh_scheduler.events import GpuReading, HostProbed, JobFailed
-from ssh_scheduler.machines.probe import GpuState, HostState
+from ssh_scheduler.machines.host_state import GpuState, HostState, probed
 from ssh_scheduler.view.display import JsonLines
 from tests.event_schema import COMMON, load_schema, problems
 
@@ -36,7 +36,7 @@ def test_host_probed_carries_load_memory_and_each_gpu() -> None:
         4, 1.5, 16384, 12000,
         (GpuState(0, "G0", "sim", 16000, 480, 15520, 0.25), GpuState(1, "G1", "sim", 16000, 9000, 7000, 1.0)),
     )
-    data = HostProbed.of("h1", state).to_json()
+    data = probed("h1", state).to_json()
     assert data["gpus"] == [
         {"index": 0, "memory_used_mb": 480, "memory_total_mb": 16000, "utilization": 0.25},
         {"index": 1, "memory_used_mb": 9000, "memory_total_mb": 16000, "utilization": 1.0},

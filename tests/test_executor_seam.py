@@ -30,7 +30,7 @@ from ssh_scheduler.executors.stage_plan import StagePlan
 from ssh_scheduler.jobs.batch_file import Job
 from ssh_scheduler.jobs.forward import ForwardSet
 from ssh_scheduler.jobs.needs import Needs
-from ssh_scheduler.machines.machine_yaml import Machine, local_machine
+from ssh_scheduler.machines.machine import Machine, local_machine
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ssh_scheduler"
 SCAN = Path(__file__).resolve().parent / "executor_scan.py"

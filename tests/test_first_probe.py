@@ -17,10 +17,11 @@ import pytest
 
 from ssh_scheduler.agent import protocol as P
 from ssh_scheduler.agent import wire as W
-from ssh_scheduler.coordinator.batch import BatchOptions, run_batch
+from ssh_scheduler.coordinator.batch import run_batch
+from ssh_scheduler.coordinator.batch_run import BatchOptions
 from ssh_scheduler.executors.host import open_executor
 from ssh_scheduler.jobs.batch_file import Job
-from ssh_scheduler.planner.allocate import Needs
+from ssh_scheduler.jobs.needs import Needs
 from ssh_scheduler.transport.bootstrap import agent_start
 from tests.hostile_server import HostileServer, hostile_server
 

@@ -17,19 +17,21 @@ import pytest
 
 from ssh_scheduler.coordinator.fleet import (
     FleetOptions,
-    HostResult,
     execute_to,
     fleet_exit_status,
-    gather_blocks,
     gather_outputs,
-    json_line,
     killable,
-    summarize_exit_codes,
     take_trailing_command,
 )
+from ssh_scheduler.coordinator.fleet_output import (
+    HostResult,
+    gather_blocks,
+    json_line,
+    summarize_exit_codes,
+)
 from ssh_scheduler.errors import ConfigError, TransferError
-from ssh_scheduler.machines.config import Machine, local_machine
 from ssh_scheduler.machines.hostlist import expand
+from ssh_scheduler.machines.machine import Machine, local_machine
 
 REPO = Path(__file__).resolve().parent.parent
 

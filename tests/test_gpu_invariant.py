@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from ssh_scheduler.jobs.needs import Needs
-from ssh_scheduler.machines.probe import PROBE_SCRIPT, GpuProcess, GpuState, HostState, OwnUsage
+from ssh_scheduler.machines.host_state import GpuProcess, GpuState, HostState, OwnUsage
+from ssh_scheduler.machines.probe import PROBE_SCRIPT
 from ssh_scheduler.planner.allocate import MachineResources, choose
 
 TOTAL = 16384

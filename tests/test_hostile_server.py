@@ -18,12 +18,13 @@ import asyncssh
 import pytest
 
 from ssh_scheduler.agent import protocol as P
-from ssh_scheduler.coordinator.batch import BatchOptions, run_batch
+from ssh_scheduler.coordinator.batch import run_batch
+from ssh_scheduler.coordinator.batch_run import BatchOptions
 from ssh_scheduler.coordinator.remote import RemoteOptions, execute_remote
 from ssh_scheduler.errors import TransferError, TransportError
 from ssh_scheduler.executors.transfer import CopyLimits, link_stays_inside, safe_relpath
 from ssh_scheduler.jobs.batch_file import Job
-from ssh_scheduler.planner.allocate import Needs
+from ssh_scheduler.jobs.needs import Needs
 from ssh_scheduler.transport import ssh
 from tests.hostile_server import ENDLESS, STALL, HostileServer, Scenario, hostile_server
 

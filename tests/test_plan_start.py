@@ -20,7 +20,7 @@ from ssh_scheduler.events import (
 )
 from ssh_scheduler.jobs.batch_file import Job
 from ssh_scheduler.jobs.needs import Needs, NeedsOverride
-from ssh_scheduler.machines.probe import GpuProcess, GpuState, HostState, OwnUsage
+from ssh_scheduler.machines.host_state import GpuProcess, GpuState, HostState, OwnUsage
 from ssh_scheduler.planner.actions import Action, Commit, PlanOptions, Reprobe, Say, StartJob
 from ssh_scheduler.planner.phases import JobPhase
 from ssh_scheduler.planner.plan import Planner

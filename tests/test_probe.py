@@ -8,12 +8,10 @@ from pathlib import Path
 import pytest
 
 from ssh_scheduler.errors import ProbeError
+from ssh_scheduler.machines.host_state import GpuProcess, GpuState, HostState
 from ssh_scheduler.machines.probe import (
     PROBE_COMMAND,
     PROBE_SCRIPT,
-    GpuProcess,
-    GpuState,
-    HostState,
     parse_compute_apps,
     parse_gpu_query,
     parse_loadavg,

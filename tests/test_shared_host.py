@@ -29,7 +29,7 @@ from ssh_scheduler.agent import protocol as P
 from ssh_scheduler.agent.boot import MODULES
 from ssh_scheduler.coordinator.remote import RemoteOptions, execute_remote
 from ssh_scheduler.errors import TransportError
-from ssh_scheduler.executors.session import root_matches
+from ssh_scheduler.executors.agent_checks import root_matches
 from ssh_scheduler.transport.bootstrap import agent_start
 from tests.cluster import Cluster, Host
 from tests.hostile_server import HostileServer

@@ -269,7 +269,7 @@ def test_slurm_section_values() -> None:
 
 
 def test_a_slurm_queue_takes_max_queued_jobs_after_every_host_with_room() -> None:
-    from ssh_scheduler.machines.probe import GpuState, HostState
+    from ssh_scheduler.machines.host_state import GpuState, HostState
     from ssh_scheduler.planner.allocate import MachineResources, choose
 
     queue = MachineResources(

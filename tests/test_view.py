@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from ssh_scheduler.coordinator.batch import BatchSummary, JobOutcome
 from ssh_scheduler.coordinator.preflight import check_numbers, check_results_dir
 from ssh_scheduler.errors import ConfigError
 from ssh_scheduler.events import (
@@ -28,6 +27,7 @@ from ssh_scheduler.events import (
     JobStarted,
 )
 from ssh_scheduler.results.status import fold_journal, joblog_lines, status_json, status_lines
+from ssh_scheduler.results.summary import BatchSummary, JobOutcome
 from ssh_scheduler.view.display import plain_subscriber, summary_lines
 from ssh_scheduler.view.live import BoardState, estimate_left, render
 

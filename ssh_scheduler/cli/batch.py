@@ -22,10 +22,10 @@ from ssh_scheduler.jobs.options import BATCH
 
 if TYPE_CHECKING:
     from ssh_scheduler.coordinator.batch import Batch
-    from ssh_scheduler.coordinator.batch_run import BatchSummary
     from ssh_scheduler.coordinator.detach import CoordinatorSession
     from ssh_scheduler.coordinator.early_hosts import EarlyHosts
-    from ssh_scheduler.machines.machine_yaml import Machine
+    from ssh_scheduler.machines.machine import Machine
+    from ssh_scheduler.results.summary import BatchSummary
 
 __all__ = ["execute_batch", "run_with_early_hosts"]
 
@@ -44,7 +44,7 @@ def execute_batch(
     from ssh_scheduler.jobs.batch_file import parse_batch
     from ssh_scheduler.jobs.needs import flag_needs
     from ssh_scheduler.machines.config import load_machines
-    from ssh_scheduler.machines.machine_yaml import local_machine
+    from ssh_scheduler.machines.machine import local_machine
 
     results_dir: Path = values["results_dir"]
     dry_run: bool = values["dry_run"]

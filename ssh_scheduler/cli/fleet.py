@@ -13,12 +13,12 @@ from ssh_scheduler.cli.common import run_async
 from ssh_scheduler.coordinator.fleet import (
     DEFAULT_MAX_CONNECTIONS,
     FleetOptions,
-    FleetResult,
     execute_to,
     take_trailing_command,
 )
+from ssh_scheduler.coordinator.fleet_output import FleetResult
 from ssh_scheduler.errors import ConfigError, SchedulerError
-from ssh_scheduler.machines.machine_yaml import Machine
+from ssh_scheduler.machines.machine import Machine
 
 
 def _write_line(stream: Any, line: str) -> None:

@@ -27,7 +27,7 @@ def execute_remote(
     from ssh_scheduler.executors.transfer import CopyLimits
     from ssh_scheduler.jobs.job_names import validate_job_name
     from ssh_scheduler.machines.config import load_machine
-    from ssh_scheduler.machines.machine_yaml import local_machine
+    from ssh_scheduler.machines.machine import local_machine
 
     try:
         check_numbers(**values)

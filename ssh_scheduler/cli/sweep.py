@@ -42,7 +42,7 @@ def sweep(
     from ssh_scheduler.jobs.needs import flag_needs
     from ssh_scheduler.jobs.sweep import build_jobs, expand, parse_sweep, sample, select_commands
     from ssh_scheduler.machines.config import load_machines
-    from ssh_scheduler.machines.machine_yaml import local_machine
+    from ssh_scheduler.machines.machine import local_machine
     from ssh_scheduler.planner.policy import parse_halt
     from ssh_scheduler.results.journal import read_journal
     from ssh_scheduler.results.sweep_store import Layout, job_stats, plan_runs, prepare, recover

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ssh_scheduler.coordinator.batch import Batch
     from ssh_scheduler.coordinator.batch_run import BatchOptions
     from ssh_scheduler.jobs.batch_file import Job
-    from ssh_scheduler.machines.machine_yaml import Machine
+    from ssh_scheduler.machines.machine import Machine
     from ssh_scheduler.results.sweep_store import Layout
 
 __all__ = ["JournalFollower", "SweepRun", "warn_if_results_travel"]

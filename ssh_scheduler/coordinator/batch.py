@@ -20,7 +20,7 @@ import time
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
-from ssh_scheduler.coordinator.batch_run import BatchOptions, BatchSummary, JobOutcome, select_jobs
+from ssh_scheduler.coordinator.batch_run import BatchOptions, select_jobs
 from ssh_scheduler.coordinator.control import ControlServer, batch_requests
 from ssh_scheduler.coordinator.dry_run import plan_dry_run
 from ssh_scheduler.coordinator.early_hosts import EarlyHosts
@@ -31,7 +31,7 @@ from ssh_scheduler.errors import BatchError, SchedulerError
 from ssh_scheduler.events import BatchFinished, EventBus, Notice
 from ssh_scheduler.jobs.batch_file import Job
 from ssh_scheduler.jobs.forward import check_forward_size, check_job_copies, describe_forward
-from ssh_scheduler.machines.machine_yaml import Machine
+from ssh_scheduler.machines.machine import Machine
 from ssh_scheduler.planner.actions import (
     Action,
     Cleanup,
@@ -48,6 +48,7 @@ from ssh_scheduler.planner.actions import (
 from ssh_scheduler.planner.plan import Planner
 from ssh_scheduler.results.journal import Journal, JournalWriter, batch_token
 from ssh_scheduler.results.results_folder import hold_results_folder, refuse_planted_links
+from ssh_scheduler.results.summary import BatchSummary, JobOutcome
 from ssh_scheduler.view.terminal import Printer, TerminalLines
 
 __all__ = ["Batch", "BatchOptions", "BatchSummary", "JobOutcome", "SchedulerError", "run_batch"]

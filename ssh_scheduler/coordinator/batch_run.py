@@ -1,4 +1,4 @@
-"""What a batch run takes and gives (its options and summary), and which of its jobs run now.
+"""What a batch run takes (its options), and which of its jobs run now.
 
 Plain data and file-system reads of ``job_results/`` (the journal, existing results); no
 connections.  The coordinator (:mod:`ssh_scheduler.coordinator.batch`) uses these.  The command
@@ -12,18 +12,13 @@ import os
 import secrets
 import shutil
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ssh_scheduler.errors import ConfigError
 from ssh_scheduler.events import (
-    Ended,
-    Event,
     EventBus,
-    JobCancelled,
-    JobFailed,
-    JobFinished,
     JobSkipped,
 )
 from ssh_scheduler.executors.session import DEFAULT_LEASE
@@ -36,7 +31,7 @@ from ssh_scheduler.planner.policy import HaltPolicy, Resumable, parse_halt
 from ssh_scheduler.results.journal import JobState, batch_token, last_states
 from ssh_scheduler.results.resume import changed_commands, in_flight
 
-__all__ = ["BatchOptions", "BatchSummary", "JobOutcome", "Selection", "batch_options", "select_jobs", "set_aside"]
+__all__ = ["BatchOptions", "Selection", "batch_options", "select_jobs", "set_aside"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,83 +81,6 @@ def batch_options(values: Mapping[str, Any], **fields: Any) -> BatchOptions:
         forward=ForwardPolicy(**forward),
         **{**direct, **fields},
     )
-
-
-@dataclass(frozen=True, slots=True)
-class JobOutcome:
-    """One job's end in this run."""
-
-    job: str
-    host: str
-    ended: Ended
-    seconds: float = 0.0
-    bytes_received: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return self.ended.ok
-
-    @property
-    def exit_code(self) -> int | None:
-        return self.ended.code
-
-    @property
-    def message(self) -> str | None:
-        return self.ended.message
-
-    @property
-    def timed_out(self) -> bool:
-        return self.ended.timed_out
-
-
-@dataclass(slots=True)
-class BatchSummary:
-    outcomes: dict[str, JobOutcome] = field(default_factory=dict)
-    skipped: list[str] = field(default_factory=list)
-    bytes_uploaded: int = 0
-    files_uploaded: int = 0
-    bytes_downloaded: int = 0
-    cancelled: bool = False
-    halted: bool = False
-    not_run: list[str] = field(default_factory=list)
-    skipped_failed: list[str] = field(default_factory=list)
-    """Skipped because results exist, but the earlier run recorded them as failed."""
-    cancelled_jobs: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def failed(self) -> list[str]:
-        return [name for name, o in self.outcomes.items() if not o.ok]
-
-    @property
-    def exit_code(self) -> int:
-        unfinished = self.failed or self.cancelled or self.not_run or self.cancelled_jobs
-        return 1 if unfinished or self.skipped_failed else 0
-
-    def describe(self) -> str:
-        finished = len(self.outcomes) - len(self.failed)
-        left = f", {len(self.not_run)} not run" if self.not_run else ""
-        return (
-            f"done: {finished} finished, {len(self.failed)} failed, {len(self.skipped)} skipped{left}; "
-            f"sent {self.bytes_uploaded} bytes in {self.files_uploaded} files, "
-            f"received {self.bytes_downloaded} bytes"
-        )
-
-    def __call__(self, event: Event) -> None:
-        """Subscribed to the event stream: collects each job's end."""
-        if isinstance(event, JobFinished):
-            self.outcomes[event.job] = JobOutcome(event.job, event.host, Ended(0), event.seconds, event.bytes_received)
-            self.bytes_downloaded += event.bytes_received
-        elif isinstance(event, JobFailed):
-            ended = Ended(event.code, timed_out=event.timed_out, message=event.message or event.reason)
-            self.outcomes[event.job] = JobOutcome(event.job, event.host, ended, event.seconds, event.bytes_received)
-            self.bytes_downloaded += event.bytes_received
-        elif isinstance(event, JobSkipped):
-            self.skipped.append(event.job)
-            if event.failed:
-                self.skipped_failed.append(event.job)
-        elif isinstance(event, JobCancelled) and event.job not in self.cancelled_jobs:
-            self.cancelled_jobs.append(event.job)
 
 
 def set_aside(results: Path, name: str) -> None:

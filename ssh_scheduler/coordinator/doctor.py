@@ -20,7 +20,7 @@ from ssh_scheduler.errors import (
     HostUnreachableError,
     TransportError,
 )
-from ssh_scheduler.machines.config import Machine
+from ssh_scheduler.machines.machine import Machine
 from ssh_scheduler.machines.machine_env import with_setup
 from ssh_scheduler.machines.slurm import SlurmSettings
 from ssh_scheduler.transport.ssh import connect

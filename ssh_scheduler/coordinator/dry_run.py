@@ -16,7 +16,7 @@ from ssh_scheduler.coordinator.hosts import first_error, host_named
 from ssh_scheduler.errors import AuthenticationError, HostKeyError, TransportError
 from ssh_scheduler.events import EventBus
 from ssh_scheduler.executors.backends import dry_run_state
-from ssh_scheduler.machines.machine_yaml import Machine
+from ssh_scheduler.machines.machine import Machine
 from ssh_scheduler.planner.actions import Action, Say
 from ssh_scheduler.planner.plan import Planner
 

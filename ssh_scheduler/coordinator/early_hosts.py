@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ssh_scheduler.executors.backends import open_backend
 from ssh_scheduler.executors.base import Executor
-from ssh_scheduler.machines.machine_yaml import Machine
+from ssh_scheduler.machines.machine import Machine
 
 
 def suits(results_dir: Path) -> bool:

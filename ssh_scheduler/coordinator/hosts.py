@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from ssh_scheduler.coordinator.batch_run import BatchOptions, BatchSummary
+from ssh_scheduler.coordinator.batch_run import BatchOptions
 from ssh_scheduler.coordinator.early_hosts import EarlyHosts
 from ssh_scheduler.errors import (
     AgentStartError,
@@ -27,12 +27,14 @@ from ssh_scheduler.errors import (
     SchedulerError,
     TransportError,
 )
-from ssh_scheduler.events import EventBus, HostDown, HostProbed, Notice
+from ssh_scheduler.events import EventBus, HostDown, Notice
 from ssh_scheduler.executors.backends import open_backend
 from ssh_scheduler.executors.base import Executor
-from ssh_scheduler.machines.machine_yaml import Machine
+from ssh_scheduler.machines.host_state import probed
+from ssh_scheduler.machines.machine import Machine
 from ssh_scheduler.planner.actions import Action
 from ssh_scheduler.planner.plan import Planner
+from ssh_scheduler.results.summary import BatchSummary
 
 __all__ = ["PROBE_GRACE", "PROBE_TIMEOUT", "REVIVE_MAX_DELAY", "Hosts", "first_error", "host_named"]
 
@@ -125,7 +127,7 @@ class Hosts:
             reason = f"{executor.name}: probe failed: {exc or f'no answer in {PROBE_TIMEOUT:g} s'}"
             self._answer(name, lambda: planner.probe_failed(name, reason))
             return
-        self.bus.publish(HostProbed.of(name, state))
+        self.bus.publish(probed(name, state))
         if self._first_answer is None:
             self._first_answer = time.monotonic()
             self._helper(self._grace(self._first_answer - self._since))
@@ -183,7 +185,7 @@ class Hosts:
             reason = f"{executor.name}: probe failed: {exc or f'no answer in {PROBE_TIMEOUT:g} s'}"
             self._perform(self.planner.probe_failed(host, reason))
             return
-        self.bus.publish(HostProbed.of(host, state))
+        self.bus.publish(probed(host, state))
         self._perform(self.planner.probe_landed(host, state, own, generation, now=time.time()))
 
     async def revive(self, host: str) -> None:
@@ -214,7 +216,7 @@ class Hosts:
                     await executor.close()
                 continue
             self.executors[host] = executor
-            self.bus.publish(HostProbed.of(host, state))
+            self.bus.publish(probed(host, state))
             found = {n: bool(s.get("running")) for n, s in executor.agent_jobs.items()}
             self._perform(planner.host_back(host, state, own, found, now=time.time()))
             return

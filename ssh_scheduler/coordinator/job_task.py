@@ -22,7 +22,7 @@ from ssh_scheduler.errors import SchedulerError, TransportError
 from ssh_scheduler.events import Ended, EventBus, Notice
 from ssh_scheduler.executors.base import Executor, RunRequest, ShellCommand
 from ssh_scheduler.jobs.forward import ForwardSet, Hasher, collect_forward
-from ssh_scheduler.machines.machine_yaml import Machine
+from ssh_scheduler.machines.machine import Machine
 from ssh_scheduler.planner.actions import Action, Commit, Discard, StartJob
 from ssh_scheduler.planner.plan import Planner
 

@@ -22,7 +22,7 @@ from ssh_scheduler.executors.host import open_executor
 from ssh_scheduler.executors.session import DEFAULT_LEASE
 from ssh_scheduler.executors.transfer import CopyLimits
 from ssh_scheduler.jobs.forward import Hasher, collect_forward
-from ssh_scheduler.machines.machine_yaml import Machine
+from ssh_scheduler.machines.machine import Machine
 
 __all__ = ["RemoteOptions", "default_job_name", "execute_remote"]
 

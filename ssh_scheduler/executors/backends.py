@@ -16,8 +16,8 @@ from ssh_scheduler.executors.base import Executor
 from ssh_scheduler.executors.host import open_executor, probe_only
 from ssh_scheduler.executors.session import DEFAULT_LEASE
 from ssh_scheduler.executors.slurm import open_slurm_executor
-from ssh_scheduler.machines.machine_yaml import Machine
-from ssh_scheduler.machines.probe import HostState
+from ssh_scheduler.machines.host_state import HostState
+from ssh_scheduler.machines.machine import Machine
 from ssh_scheduler.machines.slurm import queue_state
 
 __all__ = ["dry_run_state", "open_backend"]

@@ -24,9 +24,9 @@ from ssh_scheduler.executors.stage_plan import StagePlan
 from ssh_scheduler.executors.transfer import CopyBackReport, CopyLimits
 from ssh_scheduler.jobs.forward import ForwardSet
 from ssh_scheduler.jobs.needs import Needs
+from ssh_scheduler.machines.host_state import HostState, OwnUsage
+from ssh_scheduler.machines.machine import Machine
 from ssh_scheduler.machines.machine_env import with_setup
-from ssh_scheduler.machines.machine_yaml import Machine
-from ssh_scheduler.machines.probe import HostState, OwnUsage
 
 __all__ = ["Executor", "OutputSink", "RunRequest", "ShellCommand", "StartedHook", "Work", "shell_line"]
 

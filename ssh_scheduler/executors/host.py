@@ -23,8 +23,9 @@ from ssh_scheduler.executors.transfer import (
     prepare_forward,
 )
 from ssh_scheduler.jobs.forward import ForwardSet
-from ssh_scheduler.machines.machine_yaml import Machine
-from ssh_scheduler.machines.probe import PROBE_COMMAND, HostState, OwnUsage, parse_probe_output
+from ssh_scheduler.machines.host_state import HostState, OwnUsage
+from ssh_scheduler.machines.machine import Machine
+from ssh_scheduler.machines.probe import PROBE_COMMAND, parse_probe_output
 from ssh_scheduler.transport.base import Transport, describe
 from ssh_scheduler.transport.ssh import connect
 

@@ -36,8 +36,8 @@ from ssh_scheduler.executors.slurm_array import ARRAY_MARK, parse_array_script
 from ssh_scheduler.executors.slurm_submit import Submitter
 from ssh_scheduler.executors.stage_plan import StagePlan
 from ssh_scheduler.jobs.needs import Needs
-from ssh_scheduler.machines.machine_yaml import Machine
-from ssh_scheduler.machines.probe import HostState, OwnUsage
+from ssh_scheduler.machines.host_state import HostState, OwnUsage
+from ssh_scheduler.machines.machine import Machine
 from ssh_scheduler.machines.slurm import SlurmSettings, queue_state
 
 __all__ = ["SlurmExecutor", "open_slurm_executor"]

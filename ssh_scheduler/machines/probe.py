@@ -27,15 +27,12 @@ import shlex
 from dataclasses import dataclass
 
 from ssh_scheduler.errors import ProbeError
+from ssh_scheduler.machines.host_state import GpuProcess, GpuState, HostState
 
 __all__ = [
     "GPU_QUERY_FIELDS",
     "PROBE_COMMAND",
     "PROBE_SCRIPT",
-    "GpuProcess",
-    "GpuState",
-    "HostState",
-    "OwnUsage",
     "parse_compute_apps",
     "parse_gpu_query",
     "parse_loadavg",
@@ -43,69 +40,6 @@ __all__ = [
     "parse_nproc",
     "parse_probe_output",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class GpuState:
-    """One GPU as ``nvidia-smi --query-gpu`` saw it.
-
-    ``utilization`` is a fraction of the whole GPU (0.0..1.0).  Values ``nvidia-smi`` cannot
-    report (``[N/A]``, ``[Not Supported]``, ...) are read as 0 % utilization and 0 MiB of memory
-    free/total, so such a GPU only ever takes jobs that need no GPU memory.
-    """
-
-    index: int
-    uuid: str
-    name: str
-    memory_total_mb: int
-    memory_used_mb: int
-    memory_free_mb: int
-    utilization: float
-
-
-@dataclass(frozen=True, slots=True)
-class GpuProcess:
-    """One compute process on a GPU, as ``nvidia-smi --query-compute-apps`` saw it.
-
-    ``process_name`` is only known from the header form of the query (the probe does not ask
-    for it).  ``used_memory_mb`` is 0 when the driver cannot report it (``[N/A]``).
-    """
-
-    pid: int
-    gpu_uuid: str
-    used_memory_mb: int
-    process_name: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class HostState:
-    """A host's resources at probe time.
-
-    ``mem_available_mb`` is the kernel's MemAvailable (what can be allocated without swapping).
-    ``user`` is the remote login name, ``None`` if the probe could not tell.  When ``gpu_error``
-    is set, ``nvidia-smi`` exists but failed, and ``gpus`` / ``gpu_processes`` are empty.
-    """
-
-    cpu_count: int
-    load_1m: float
-    mem_total_mb: int
-    mem_available_mb: int
-    gpus: tuple[GpuState, ...] = ()
-    gpu_processes: tuple[GpuProcess, ...] = ()
-    user: str | None = None
-    gpu_error: str | None = None
-    job_slots: int | None = None
-    """Set for a batch system's queue (a Slurm login node): at most this many of our jobs at
-    once, whatever the resources say (they are placeholders: the batch system places jobs)."""
-
-
-@dataclass(frozen=True, slots=True)
-class OwnUsage:
-    """What one of our running jobs is observed to use on a host, as our agent reports it beside
-    the probe: its process ids (to recognise its GPU processes) and its total RSS in MiB."""
-
-    pids: frozenset[int]
-    rss_mb: int = 0
 
 
 GPU_QUERY_FIELDS = (

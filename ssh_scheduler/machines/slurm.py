@@ -11,7 +11,7 @@ import shlex
 from dataclasses import dataclass
 
 from ssh_scheduler.errors import ConfigError
-from ssh_scheduler.machines.probe import HostState
+from ssh_scheduler.machines.host_state import HostState
 
 __all__ = ["DEFAULT_MAX_QUEUED", "SLURM_KEYS", "SlurmSettings", "parse_slurm_section", "queue_state"]
 

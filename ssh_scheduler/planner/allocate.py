@@ -65,7 +65,7 @@ from types import MappingProxyType
 
 from ssh_scheduler.errors import ConfigError
 from ssh_scheduler.jobs.needs import DEFAULT_CPU_OVERLOAD, EPS, Needs, NeedsOverride, cpus_text
-from ssh_scheduler.machines.probe import HostState, OwnUsage
+from ssh_scheduler.machines.host_state import HostState, OwnUsage
 from ssh_scheduler.planner.explain import explain_unfit
 from ssh_scheduler.planner.gpus import Gpus
 from ssh_scheduler.planner.observed import Held, observe

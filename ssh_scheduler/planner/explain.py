@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from ssh_scheduler.jobs.needs import EPS, GPU_UTILIZATION_TOLERANCE, Needs, cpus_text, plural
-from ssh_scheduler.machines.probe import HostState
+from ssh_scheduler.machines.host_state import HostState
 
 __all__ = ["Sized", "explain_unfit", "gpu_needs_text"]
 

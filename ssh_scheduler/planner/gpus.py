@@ -11,7 +11,7 @@ is used on each GPU, and by whom, comes from :func:`~ssh_scheduler.planner.obser
 from __future__ import annotations
 
 from ssh_scheduler.jobs.needs import EPS, GPU_UTILIZATION_TOLERANCE, Needs
-from ssh_scheduler.machines.probe import HostState
+from ssh_scheduler.machines.host_state import HostState
 from ssh_scheduler.planner.explain import gpu_needs_text
 from ssh_scheduler.planner.observed import Held, Observed
 

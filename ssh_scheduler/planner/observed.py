@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ssh_scheduler.machines.probe import HostState, OwnUsage
+from ssh_scheduler.machines.host_state import HostState, OwnUsage
 from ssh_scheduler.planner.placement import Placement
 
 __all__ = ["Held", "Observed", "observe"]

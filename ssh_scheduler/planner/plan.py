@@ -52,7 +52,7 @@ from ssh_scheduler.events import (
     Stopping,
 )
 from ssh_scheduler.jobs.batch_file import Job
-from ssh_scheduler.machines.probe import HostState, OwnUsage
+from ssh_scheduler.machines.host_state import HostState, OwnUsage
 from ssh_scheduler.planner.actions import (
     Action,
     Cleanup,

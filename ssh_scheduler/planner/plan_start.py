@@ -23,7 +23,7 @@ from dataclasses import replace
 from ssh_scheduler.errors import NoUsableHostError, UnsatisfiableError
 from ssh_scheduler.events import BatchStarted, HostDown, JobNotRun, JobReattached
 from ssh_scheduler.jobs.needs import Needs
-from ssh_scheduler.machines.probe import HostState, OwnUsage
+from ssh_scheduler.machines.host_state import HostState, OwnUsage
 from ssh_scheduler.planner.actions import Action, Cleanup, HostSlot, Say, StartJob
 from ssh_scheduler.planner.allocate import MachineResources, max_concurrent
 from ssh_scheduler.planner.dispatch import dispatch

@@ -12,7 +12,7 @@ from ssh_scheduler.errors import (
     AuthenticationError,
     TransportError,
 )
-from ssh_scheduler.machines.config import Machine
+from ssh_scheduler.machines.machine import Machine
 from ssh_scheduler.transport.base import LEGACY_KEY
 
 

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from ssh_scheduler.errors import (
     TransportError,
 )
-from ssh_scheduler.machines.config import Machine
+from ssh_scheduler.machines.machine import Machine
 
 KEEPALIVE_INTERVAL = 10.0
 KEEPALIVE_COUNT_MAX = 3

@@ -16,7 +16,7 @@ from ssh_scheduler.errors import (
     HostKeyError,
     HostUnreachableError,
 )
-from ssh_scheduler.machines.config import Machine
+from ssh_scheduler.machines.machine import Machine
 from ssh_scheduler.transport.auth import proxy_command_argv
 from ssh_scheduler.transport.base import describe
 

@@ -11,7 +11,7 @@ from ssh_scheduler.errors import (
     HostUnreachableError,
     TransportError,
 )
-from ssh_scheduler.machines.config import Machine
+from ssh_scheduler.machines.machine import Machine
 from ssh_scheduler.transport.auth import (
     algorithm_options,
     jump_chain,

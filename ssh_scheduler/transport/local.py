@@ -15,7 +15,7 @@ from pathlib import Path
 from ssh_scheduler.errors import (
     TransportError,
 )
-from ssh_scheduler.machines.config import Machine
+from ssh_scheduler.machines.machine import Machine
 from ssh_scheduler.transport.base import (
     CHUNK,
     AgentProcess,

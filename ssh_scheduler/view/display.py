@@ -16,7 +16,7 @@ from ssh_scheduler.events import Event, HostProbed, JobCancelled, JobFailed, Not
 from ssh_scheduler.view.terminal import Printer, TerminalLines
 
 if TYPE_CHECKING:
-    from ssh_scheduler.coordinator.batch import BatchSummary
+    from ssh_scheduler.results.summary import BatchSummary
 
 __all__ = ["JsonLines", "plain_subscriber", "probed_line", "summary_lines", "wire_logging"]
 
