@@ -18,14 +18,14 @@ import pytest
 from ssh_scheduler.coordinator.fleet import (
     FleetOptions,
     execute_to,
-    fleet_exit_status,
-    gather_outputs,
     killable,
     take_trailing_command,
 )
 from ssh_scheduler.coordinator.fleet_output import (
     HostResult,
+    fleet_exit_status,
     gather_blocks,
+    gather_outputs,
     json_line,
     summarize_exit_codes,
 )
