@@ -312,8 +312,10 @@ _IPV6_BRACKETS = re.compile(r"\[[^\]]*:[^\]]*\]")
 
 
 def _expand_spec(spec: str) -> list[str]:
-    """Expand a host range in a spec, unless it is an existing file or an ``[IPv6]`` literal."""
-    if not any(ch in spec for ch in "[" + hostlist.OPERATORS) or _IPV6_BRACKETS.search(spec):
+    """Expand a host range in a spec, unless it is an existing file or an ``[IPv6]`` literal.
+    A wildcard (``gpu*``) goes to the range parser too, which refuses it in one line rather than
+    letting it through as a host name."""
+    if not any(ch in spec for ch in "[*?" + hostlist.OPERATORS) or _IPV6_BRACKETS.search(spec):
         return [spec]
     try:
         if Path(os.path.expanduser(spec)).is_file():
