@@ -1,13 +1,15 @@
 """Our ssh config resolution against the real ``ssh -G`` (OpenSSH from the distribution).
 
 Each case is one config file and one host name.  Both sides must agree on the host name, user,
-port, identity files, ProxyJump, ProxyCommand, UserKnownHostsFile and HostKeyAlias; when ssh
-refuses the config, we must refuse it too; when we refuse a config ssh accepts, the refusal must
-be one of the deliberate ones (one line naming the file, line and keyword).
+port, identity files (and the key files ssh tries with them, read from ``ssh -v``), ProxyJump,
+ProxyCommand, UserKnownHostsFile and HostKeyAlias; when ssh refuses the config, we must refuse
+it too; when we refuse a config ssh accepts, the refusal must be one of the deliberate ones (one
+line naming the file, line and keyword).
 """
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 from pathlib import Path
@@ -20,8 +22,9 @@ from ssh_scheduler.machines.ssh_resolve import SshHost, resolve_host
 from tests.ssh_reference import Reference, make_reference
 
 DELIBERATE = ("is not supported", "when connecting")
-"""Words of every deliberate refusal (Match exec/canonical/final, CanonicalizeHostname...), and of
-errors ssh only meets when it connects (``ssh -G`` does not expand IdentityFile/ProxyCommand)."""
+"""Words of every deliberate refusal (Match exec/canonical/final, CanonicalizeHostname, values
+that are not UTF-8 or hold control characters...), and of errors ssh only meets when it connects
+(``ssh -G`` does not expand IdentityFile/ProxyCommand)."""
 
 
 @pytest.fixture(scope="module")
@@ -30,36 +33,62 @@ def ref(tmp_path_factory: pytest.TempPathFactory) -> Reference:
     return make_reference(tmp_path_factory.mktemp("sshref"))
 
 
-def ours(ref: Reference, config: Path, host: str, system: Path | None = None) -> SshHost:
-    home = ref.account.home
-    configs = [read_config_file(config, home=home)]
+@pytest.fixture(scope="module")
+def default_keys(ref: Reference, tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """The IdentityFiles ssh uses when none is configured."""
+    empty = tmp_path_factory.mktemp("empty") / "config"
+    empty.write_text("")
+    status, values, stderr = ref.run("x", empty)
+    assert status == 0 and len(values["identityfile"]) > 3, stderr
+    return values["identityfile"]
+
+
+def ours(
+    ref: Reference, config: Path, host: str, system: Path | None = None, env: dict[str, str] | None = None
+) -> SshHost:
+    environ = ref.env if env is None else env
+    configs = [read_config_file(config, environ=environ)]
     if system is not None:
-        configs.append(read_config_file(system, home=home, user_config=False))
-    return resolve_host(
-        host, [c for c in configs if c is not None], ref.account, environ=ref.env
-    )
+        configs.append(read_config_file(system, environ=environ, user_config=False))
+    return resolve_host(host, [c for c in configs if c is not None], ref.account, environ=environ)
 
 
-def compare(ref: Reference, config: Path, host: str, system: bool = False) -> str:
-    """Resolve with both; assert they agree; return 'same', 'both refuse' or 'we refuse'."""
-    status, theirs, stderr = ref.run(host, None if system else config)
+def compare(
+    ref: Reference,
+    config: Path,
+    host: str,
+    system: bool = False,
+    env: dict[str, str] | None = None,
+    defaults: list[str] | None = None,
+) -> str:
+    """Resolve with both; assert they agree; return 'same', 'both refuse' or 'we refuse'.
+
+    ``defaults``: ssh's default IdentityFiles, to check that we leave them to ssh exactly when
+    it uses them; with them, the key files ssh tries are compared too (``ssh -v``)."""
+    status, theirs, stderr = ref.run(host, None if system else config, env=env)
     try:
-        mine = ours(ref, config, host, SYSTEM_SSH_CONFIG if system else None)
+        mine = ours(ref, config, host, SYSTEM_SSH_CONFIG if system else None, env)
     except ConfigError as err:
         message = str(err)
         assert "\n" not in message
         if status != 0:
             return "both refuse"
-        assert any(word in message for word in DELIBERATE), (message, config.read_text())
+        text = config.read_bytes()
+        assert any(word in message for word in DELIBERATE), (message, text)
         assert " line " in message, message
         return "we refuse"
-    text = config.read_text()
+    text = config.read_bytes()
     assert status == 0, (stderr, text, mine)
     assert theirs["hostname"] == [mine.hostname], text
     assert theirs["user"] == [mine.user], text
     assert theirs["port"] == [str(mine.port)], text
     if mine.identity_files:
         assert theirs["identityfile"] == list(mine.identity_files), text
+    elif defaults is not None:  # none configured: ssh tries its own, and so may we
+        assert theirs["identityfile"] == defaults, text
+    if defaults is not None and mine.identity_files and not system:
+        tried = [os.path.abspath(p) for p in ref.identity_paths(host, config, env=env)]
+        assert tried == list(mine.identity_paths), text
     home = ref.account.home
     if mine.known_hosts is None:
         expected_known = [f"{home}/.ssh/known_hosts", f"{home}/.ssh/known_hosts2"]
@@ -148,13 +177,15 @@ def generated_config(rng: random.Random) -> str:
     return "\n".join(lines) + ("\n" if rng.random() < 0.8 else "")
 
 
-def test_generated_configs_agree_with_ssh(ref: Reference, tmp_path: Path) -> None:
+def test_generated_configs_agree_with_ssh(
+    ref: Reference, default_keys: list[str], tmp_path: Path
+) -> None:
     rng = random.Random(20261126)
     outcomes: dict[str, int] = {}
     config = tmp_path / "config"
     for _ in range(300):
         config.write_text(generated_config(rng))
-        outcome = compare(ref, config, rng.choice(HOSTS))
+        outcome = compare(ref, config, rng.choice(HOSTS), defaults=default_keys)
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
     # the generator must exercise all three outcomes, mostly agreement
     print(outcomes)
@@ -185,7 +216,7 @@ def test_jump_hosts_resolve_as_ssh_dash_j(ref: Reference, tmp_path: Path) -> Non
         try:
             mine = resolve_host(
                 last.host,
-                [c for c in [read_config_file(config, home=ref.account.home)] if c is not None],
+                [c for c in [read_config_file(config, environ=ref.env)] if c is not None],
                 ref.account,
                 preset_user=last.user,
                 preset_port=last.port,
@@ -280,13 +311,15 @@ HAND_WRITTEN = [
 
 
 @pytest.mark.parametrize(("text", "host"), [c[1:] for c in HAND_WRITTEN], ids=[c[0] for c in HAND_WRITTEN])
-def test_hand_written_configs_agree_with_ssh(ref: Reference, tmp_path: Path, text: str, host: str) -> None:
+def test_hand_written_configs_agree_with_ssh(
+    ref: Reference, default_keys: list[str], tmp_path: Path, text: str, host: str
+) -> None:
     config = tmp_path / "config"
     config.write_text(text)
-    assert compare(ref, config, host) in ("same", "both refuse")
+    assert compare(ref, config, host, defaults=default_keys) in ("same", "both refuse")
 
 
-def test_includes_agree_with_ssh(ref: Reference, tmp_path: Path) -> None:
+def test_includes_agree_with_ssh(ref: Reference, default_keys: list[str], tmp_path: Path) -> None:
     """Relative Include paths are under ~/.ssh/ (also for a -F file); Host/Match in an included
     file do not leak out of it; an Include inside a non-matching block reads nothing."""
     dot_ssh = Path(ref.account.home) / ".ssh"
@@ -307,10 +340,10 @@ def test_includes_agree_with_ssh(ref: Reference, tmp_path: Path) -> None:
     config = tmp_path / "config"
     for text, host in cases:
         config.write_text(text)
-        assert compare(ref, config, host) in ("same", "both refuse"), text
+        assert compare(ref, config, host, defaults=default_keys) in ("same", "both refuse"), text
 
 
-def test_user_and_system_config_agree_with_ssh(ref: Reference) -> None:
+def test_user_and_system_config_agree_with_ssh(ref: Reference, default_keys: list[str]) -> None:
     """Without -F: ~/.ssh/config, then the machine's own /etc/ssh/ssh_config with its Includes,
     read by both sides."""
     user_config = Path(ref.account.home) / ".ssh" / "config"
@@ -318,6 +351,7 @@ def test_user_and_system_config_agree_with_ssh(ref: Reference) -> None:
     user_config.chmod(0o600)
     try:
         for host in ("gpu1", "other"):
-            assert compare(ref, user_config, host, system=True) == "same"
+            assert compare(ref, user_config, host, system=True, defaults=default_keys) == "same"
     finally:
         user_config.unlink()
+
