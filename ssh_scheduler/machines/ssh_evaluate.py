@@ -102,7 +102,6 @@ class Evaluated:
     first: dict[str, SshLine] = field(default_factory=dict)
     identity_files: list[SshLine] = field(default_factory=list)
     """Distinct ones, in order (the same text from a user and a system file counts twice)."""
-    certificate_files: int = 0
     jump: tuple[str, SshLine] | None = None
     """The ProxyJump value (``none`` included) and its line."""
     proxy_command: tuple[str, SshLine] | None = None
@@ -223,7 +222,11 @@ def _check_values(line: SshLine, keyword: str) -> None:
             "starts with '#')",
         )
     if keyword in _ONE_VALUE and len(args) > 1:
-        raise _refuse(line, f"{keyword} takes one value, got {len(args)} (ssh refuses this too)")
+        raise _refuse(
+            line,
+            f"{keyword} takes one value, got {len(args)} (ssh refuses this too; quote a value "
+            "with spaces)",
+        )
     if keyword == "port" and a2port(args[0]) <= 0:
         raise _refuse(line, f"Port {show_value(args[0])} is not a port number or service name")
     if keyword in _FILE_LISTS:
@@ -277,11 +280,9 @@ def _add_file(line: SshLine, keyword: str, state: _State) -> None:
     if key in seen:
         return
     seen.add(key)
-    if keyword == "identityfile":
+    if keyword == "identityfile":  # certificates are only counted: we do not use them
         _check_usable(line, line.args)
         state.result.identity_files.append(line)
-    else:
-        state.result.certificate_files += 1
 
 
 def _unknown_keyword(spelled: str) -> str:
