@@ -178,6 +178,9 @@ OPTIONS: tuple[Option, ...] = (
            "options.halt"),
     Option("keepalive", ("--keepalive",), float, None, "seconds between SSH keepalives; 3 missed = host lost",
            _RUNS, "options.keepalive", check="seconds"),
+    Option("keep_warm", ("--keep-warm",), float, None,
+           "seconds the hub keeps each host's connection warm for the next command (0: off; "
+           "default: the machine's keep_warm, else 60)", (*_RUNS, REMOTE), "run", check="count"),
     # --- what the copy forward may send ---
     Option("yes_copy_all", ("--yes-copy-all",), bool, False,
            "send the default copy forward (.) even above --forward-max-bytes/--forward-max-files", _RUNS,

@@ -5,7 +5,9 @@ way in shares: user names, host names, jump hosts, a bounded read of a local fil
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -18,6 +20,8 @@ DEFAULT_WORKDIR = "~/.ssh_scheduler"
 DEFAULT_PORT = 22
 DEFAULT_MAX_SESSIONS = 10
 DEFAULT_CONNECT_TIMEOUT = 10.0
+DEFAULT_KEEP_WARM = 60.0
+"""Seconds of idleness the hub keeps a host's connection (and agent) for the next command."""
 
 MAX_MACHINE_FILE_BYTES = 1 << 20
 
@@ -60,6 +64,9 @@ class Machine:
     """The coordinator's own machine, run without SSH."""
     slurm: SlurmSettings | None = None
     """``slurm:``: the host is a Slurm login node; jobs go to Slurm through it (executor_slurm)."""
+    keep_warm: float | None = None
+    """``keep_warm:``: seconds of idleness the hub keeps its connection for the next command
+    (0: none, connect directly); ``None``: the default (transport/hub_client.keep_warm_of)."""
     source: str = ""
     """Where it came from, for messages: the YAML path, ``<ssh config> (Host x)`` or the spec."""
 
@@ -74,6 +81,24 @@ def local_machine() -> Machine:
         is_local=True,
         source="local machine",
     )
+
+
+def check_keep_warm(value: object, what: str) -> float:
+    """A ``keep_warm`` value (``what``: the YAML key where it is, or ``--keep-warm``): seconds,
+    0 or more."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise ConfigError(
+            f"{what} must be a number of seconds, 0 or more (0: no warm connection), got {show_value(value)}"
+        )
+    return float(value)
+
+
+def with_keep_warm(machines: list[Machine], seconds: float | None) -> list[Machine]:
+    """The machines with ``--keep-warm`` applied (``None``: not given, each keeps its own)."""
+    if seconds is None:
+        return machines
+    value = check_keep_warm(seconds, "--keep-warm")
+    return [dataclasses.replace(m, keep_warm=value) for m in machines]
 
 
 # --------------------------------------------------------------------------------------------

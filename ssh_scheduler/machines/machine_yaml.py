@@ -35,10 +35,12 @@ import yaml
 from ssh_scheduler.errors import ConfigError, plain_text, show_value
 from ssh_scheduler.machines.machine import (
     DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_KEEP_WARM,
     DEFAULT_MAX_SESSIONS,
     DEFAULT_PORT,
     DEFAULT_WORKDIR,
     Machine,
+    check_keep_warm,
     check_proxy_jump,
     check_user,
     normalize_host,
@@ -69,6 +71,7 @@ MACHINE_KEYS: dict[str, str] = {
     "setup": "shell lines run before every job, like 'conda activate exp'",
     "proxy_jump": "a jump host, like user@bastion:22",
     "slurm": "this host is a Slurm login node: {partition: gpu, max_queued: 64, ...}",
+    "keep_warm": f"seconds the hub keeps the connection warm after a command, 0 = off, default {DEFAULT_KEEP_WARM:g}",
 }
 """Every key a machine YAML may have, with a short description (used in messages)."""
 
@@ -341,6 +344,7 @@ def parse_machine_yaml(text: str, *, source: str, base_dir: Path | None = None) 
         proxy_jump = check_proxy_jump(raw_jump, at("proxy_jump"), "'proxy_jump'")
 
     slurm = parse_slurm_section(given("slurm"), at("slurm")) if "slurm" in data else None
+    keep_warm = check_keep_warm(given("keep_warm"), f"{at('keep_warm')}: 'keep_warm'") if given("keep_warm") is not None else None
 
     return Machine(
         name=name,
@@ -358,6 +362,7 @@ def parse_machine_yaml(text: str, *, source: str, base_dir: Path | None = None) 
         env=env,
         setup=setup,
         slurm=slurm,
+        keep_warm=keep_warm,
         source=source,
     )
 
