@@ -56,12 +56,19 @@ class AgentProcess:
     """A running agent: line-oriented JSON in, line-oriented JSON out."""
 
     def __init__(
-        self, stdin: Any, stdout: Stream, closer: Callable[[], Any], exit_details: ExitDetails = _no_details
+        self,
+        stdin: Any,
+        stdout: Stream,
+        closer: Callable[[], Any],
+        exit_details: ExitDetails = _no_details,
+        abort: Callable[[], None] = lambda: None,
     ) -> None:
         self.stdin = stdin
         self.stdout = stdout
         self._closer = closer
         self.exit_details = exit_details
+        self.abort = abort
+        """Drop its channel at once, as the connection's end would (the hub's relay, hub_agent)."""
 
     def write(self, data: bytes) -> None:
         self.stdin.write(data)

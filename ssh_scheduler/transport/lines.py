@@ -23,6 +23,17 @@ class BoundedLines:
         self._scan = 0  # no newline before this index
         self._eof = False
 
+    async def read_chunk(self) -> bytes:
+        """What the stream has next, whole lines or not (b"" at its end): for a relay."""
+        if self._pos < len(self._buf):
+            data = bytes(self._buf[self._pos :])
+            self._buf.clear()
+            self._pos = self._scan = 0
+            return data
+        if self._eof:
+            return b""
+        return bytes(await self._stream.read(CHUNK))
+
     async def readline(self) -> bytes:
         while True:
             nl = self._buf.find(b"\n", max(self._pos, self._scan))

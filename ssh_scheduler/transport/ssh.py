@@ -64,6 +64,7 @@ from ssh_scheduler.transport.hostkeys import (
     record_host_key,
     refuse_if_key_changed,
 )
+from ssh_scheduler.transport.hub_client import open_via_hub
 from ssh_scheduler.transport.jump import open_jump_hosts
 from ssh_scheduler.transport.lines import BoundedLines
 from ssh_scheduler.transport.loading import import_asyncssh
@@ -277,7 +278,7 @@ class SSHTransport:
                 await asyncio.wait_for(proc.wait_closed(), 5)
             return proc.exit_status, stderr_tail.decode("utf-8", "replace")
 
-        return AgentProcess(proc.stdin, BoundedLines(proc.stdout), closer, exit_details)
+        return AgentProcess(proc.stdin, BoundedLines(proc.stdout), closer, exit_details, proc.close)
 
     async def open_file_channel(self) -> None:
         """The SFTP channel, beside the agent's: an sshd with ``MaxSessions 1`` refuses it, and
@@ -305,17 +306,24 @@ class SSHTransport:
             return self._sftp
 
     async def upload(self, local: Path, remote: str, mode: int) -> int:
+        return await self._put(str(local), remote, mode, local, follow=False)
+
+    async def upload_descriptor(self, fd: int, remote: str, mode: int, shown: str) -> int:
+        """Upload the file open as ``fd`` (a client's, passed to the hub; ``shown``: its name)."""
+        return await self._put(f"/proc/self/fd/{fd}", remote, mode, shown, follow=True)
+
+    async def _put(self, source: str, remote: str, mode: int, shown: object, *, follow: bool) -> int:
         import asyncssh
 
         sftp = await self.sftp()
         tmp = f"{remote}.part-{secrets.token_hex(6)}"  # another batch may upload the same file
         try:
-            await sftp.put(str(local), tmp)
+            await sftp.put(source, tmp, follow_symlinks=follow)
             await sftp.chmod(tmp, mode)
             await sftp.posix_rename(tmp, remote)
         except (asyncssh.Error, OSError) as exc:
-            raise TransportError(f"{describe(self.machine)}: upload of {local} failed: {exc}") from None
-        size = local.stat().st_size
+            raise TransportError(f"{describe(self.machine)}: upload of {shown} failed: {exc}") from None
+        size = os.stat(source).st_size
         self.bytes_sent += size
         return size
 
@@ -410,6 +418,18 @@ class SSHTransport:
             status = 128 + _signal_number(signame) if signame else 255
         return ExecResult(status, out, err)
 
+    async def answers(self, timeout: float) -> bool:
+        """Does the host still answer on this connection (one round trip, an OpenSSH keepalive
+        request)?  A crashed or cut host must not be handed out as a warm connection."""
+        request = getattr(self.conn, "_make_global_request", None)
+        if request is None:  # another asyncssh: its own keepalives decide
+            return not self.conn.is_closed()
+        try:
+            await asyncio.wait_for(request(b"keepalive@openssh.com"), timeout)
+        except Exception:  # no answer in time, or the connection broke meanwhile
+            return False
+        return not self.conn.is_closed()
+
     async def close(self) -> None:
         if self._sftp is not None:
             self._sftp.exit()
@@ -462,6 +482,12 @@ def _signal_number(name: str) -> int:
 async def connect(
     machine: Machine, *, accept_new: bool = False, keepalive: float | None = None
 ) -> Transport:
+    """The transport every caller reaches ``machine`` through: this machine without SSH; a
+    connection the hub keeps warm (hub_client.py), unless the machine's ``keep_warm`` is 0 or
+    the hub cannot be used; else a connection of our own."""
     if machine.is_local:
         return LocalTransport(machine)
+    borrowed = await open_via_hub(machine, accept_new=accept_new, keepalive=keepalive)
+    if borrowed is not None:
+        return borrowed
     return await SSHTransport.connect(machine, accept_new=accept_new, keepalive=keepalive)

@@ -1,0 +1,233 @@
+"""The hub's warm connections: which one a command may have, and when one must go.
+
+A connection is lent to one client at a time, whole (its channels counted against the host's
+MaxSessions exactly as a direct connection's); clients at once get a connection each.  Back in
+the pool it stays warm for the machine's ``keep_warm`` seconds of idleness.
+
+"The same host with the same identity" is exact (:func:`identity`): everything the resolved
+:class:`Machine` says about how to connect -- address, port, user, key files, known_hosts files,
+jump hosts, ProxyCommand, algorithms, forwarding, sessions -- and the keepalive.  Beside it, what
+those name is checked at every reuse and at every sweep (:class:`Held.fresh`): each key file's
+identity (inode, size, times: an edited or replaced key), and what the known_hosts files say
+about the host and each jump host (a key recorded, removed, revoked).  A connection made under
+what has changed is never lent again, and is closed.  The host is asked for an answer before a
+connection is lent (:meth:`SSHTransport.answers`): a host that crashed or was cut off while held
+costs a short wait and a fresh connection, which then fails as a direct one would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import glob
+import json
+import logging
+import os
+import time
+from typing import Any
+
+from ssh_scheduler.machines.machine import Machine
+from ssh_scheduler.transport.auth import jump_chain
+from ssh_scheduler.transport.hostkeys import KnownHosts, known_hosts_files
+from ssh_scheduler.transport.hub_agent import AgentLink
+from ssh_scheduler.transport.ssh import SSHTransport
+
+log = logging.getLogger(__name__)
+
+ANSWER_TIMEOUT = 2.0
+"""Seconds a held connection's host has to answer before the connection is given up."""
+PER_USE = ("name", "source", "workdir", "env", "setup", "slurm", "connect_timeout", "keep_warm")
+"""Machine fields that say how a connection is used, not how it is made."""
+
+
+def identity(machine: Machine, keepalive: float | None) -> str:
+    """Everything about how the connection to ``machine`` is made, as one string."""
+    return json.dumps([_how(machine), keepalive], sort_keys=True, default=str)
+
+
+def _how(machine: Machine | None) -> Any:
+    if machine is None:
+        return None
+    fields = {f.name: getattr(machine, f.name) for f in dataclasses.fields(machine) if f.name not in PER_USE}
+    fields["jump_host"] = _how(machine.jump_host)
+    return fields
+
+
+def key_files(machine: Machine) -> tuple[tuple[Any, ...], ...]:
+    """Each key file the login may read, as it is now (the default ``~/.ssh/id_*`` when the
+    machine names none), the jump hosts' too."""
+    found: list[tuple[Any, ...]] = []
+    for hop in (*jump_chain(machine), machine) if (machine.proxy_jump or machine.jump_host) else (machine,):
+        paths = hop.key_paths or tuple(sorted(glob.glob(os.path.expanduser("~/.ssh/id_*"))))
+        for path in paths:
+            try:
+                st = os.stat(path)
+            except OSError as exc:
+                found.append((path, exc.errno))
+                continue
+            found.append((path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    return tuple(found)
+
+
+def trust(machine: Machine, addr: str) -> tuple[tuple[str, ...], ...]:
+    """What the known_hosts files say about the host (at the address it was reached at) and
+    about each jump host: the fingerprints of the keys, CAs and revoked keys that match."""
+    said = []
+    hops = jump_chain(machine) if (machine.proxy_jump or machine.jump_host) else []
+    for hop, at in [*((h, "") for h in hops), (machine, addr)]:
+        keys, cas, revoked = KnownHosts(known_hosts_files(hop)).lookup(hop.host, at, hop.port)
+        said.append(tuple(sorted(f"{kind}:{k.get_fingerprint()}" for kind, found in (("key", keys), ("ca", cas), ("revoked", revoked)) for k in found)))
+    return tuple(said)
+
+
+@dataclasses.dataclass(eq=False)
+class Held:
+    """One warm connection: lent to one client, or idle in the pool."""
+
+    key: str
+    transport: SSHTransport
+    keys: tuple[tuple[Any, ...], ...]
+    trusted: tuple[tuple[str, ...], ...]
+    addr: str
+    made: float = dataclasses.field(default_factory=time.monotonic)
+    keep: float = 0.0
+    idle_since: float | None = None
+    uses: int = 0
+    lent: bool = False
+    agent: AgentLink | None = None
+    _timer: asyncio.TimerHandle | None = None
+
+    @property
+    def machine(self) -> Machine:
+        return self.transport.machine
+
+    def fresh(self) -> bool:
+        """Is everything it was made under still so?  (Never raises: unreadable is changed.)"""
+        try:
+            return key_files(self.machine) == self.keys and trust(self.machine, self.addr) == self.trusted
+        except Exception as exc:
+            log.debug("%s: cannot check its files (%s): not reused", self.machine.name, exc)
+            return False
+
+    def kept_agent(self, workdir: str) -> AgentLink | None:
+        if self.agent is not None and self.agent.kept and self.agent.workdir == workdir:
+            return self.agent
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        m = self.machine
+        now = time.monotonic()
+        return {
+            "name": m.name, "host": m.host, "port": m.port, "user": m.user,
+            "state": "in use" if self.lent else "idle",
+            "idle_s": round(now - self.idle_since, 1) if self.idle_since is not None and not self.lent else None,
+            "keep_s": self.keep, "age_s": round(now - self.made, 1), "uses": self.uses,
+            "agent": self.agent is not None and self.agent.kept,
+        }
+
+
+class Pool:
+    """Every warm connection of the hub, idle or lent."""
+
+    def __init__(self) -> None:
+        self.held: list[Held] = []
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def __len__(self) -> int:
+        return len(self.held)
+
+    @property
+    def idle(self) -> bool:
+        return not self.held
+
+    async def lend(self, machine: Machine, *, accept_new: bool, keepalive: float | None) -> tuple[Held, bool]:
+        """A connection for ``machine``: a warm one that still answers, else a new one (raising
+        what a direct connect raises).  Returns it and whether it was warm."""
+        key = identity(machine, keepalive)
+        self.sweep()
+        for held in sorted(self.held, key=lambda h: -(h.idle_since or 0)):
+            if held.lent or held.key != key:
+                continue
+            held.lent = True
+            self._stop_timer(held)
+            if held.fresh() and await held.transport.answers(ANSWER_TIMEOUT):
+                held.uses += 1
+                held.transport.machine = machine  # its name in messages, its workdir
+                return held, True
+            log.debug("%s: the warm connection is gone or outdated; connecting afresh", machine.name)
+            await self.drop(held, orderly=False)
+        keys = key_files(machine)
+        before = None if accept_new else trust(machine, "")
+        transport = await SSHTransport.connect(machine, accept_new=accept_new, keepalive=keepalive)
+        addr = ""
+        with contextlib.suppress(Exception):
+            peer = transport.conn.get_extra_info("peername")
+            addr = str(peer[0]) if peer else ""
+        trusted = trust(machine, addr) if (before is None or addr) else before
+        held = Held(key, transport, keys, trusted, addr, lent=True, uses=1)
+        self.held.append(held)
+        watcher = asyncio.get_running_loop().create_task(self._watch(held))
+        self._closing.add(watcher)
+        watcher.add_done_callback(self._closing.discard)
+        return held, False
+
+    def give_back(self, held: Held, keep: float, *, usable: bool) -> None:
+        """The client is done with it: warm for ``keep`` seconds, or closed."""
+        held.lent = False
+        if not usable or keep <= 0 or held.transport.conn.is_closed() or not held.fresh():
+            self._close_soon(held)
+            return
+        held.keep = keep
+        held.idle_since = time.monotonic()
+        held._timer = asyncio.get_running_loop().call_later(keep, self._close_soon, held)
+
+    def sweep(self) -> None:
+        """Close every idle connection made under something that has changed since."""
+        for held in list(self.held):
+            if not held.lent and not held.fresh():
+                log.debug("%s: its keys or known hosts changed; the warm connection is closed", held.machine.name)
+                self._close_soon(held)
+
+    async def _watch(self, held: Held) -> None:
+        """Forget a connection as soon as it closes (the host went away, keepalives failed)."""
+        with contextlib.suppress(Exception):
+            await held.transport.conn.wait_closed()
+        if held in self.held and not held.lent:
+            await self.drop(held, orderly=False)
+
+    def _stop_timer(self, held: Held) -> None:
+        if held._timer is not None:
+            held._timer.cancel()
+            held._timer = None
+
+    def _close_soon(self, held: Held) -> None:
+        """Forget it now (nobody is lent it again), close it in the background."""
+        self._forget(held)
+        task = asyncio.get_running_loop().create_task(self.drop(held))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    def _forget(self, held: Held) -> None:
+        self._stop_timer(held)
+        with contextlib.suppress(ValueError):
+            self.held.remove(held)
+
+    async def drop(self, held: Held, *, orderly: bool = True) -> None:
+        """Close it and forget it: ``orderly``, a kept agent is told ``bye`` and waited for
+        first; else (the host no longer answers) the connection goes at once, and the agent's
+        channel with it."""
+        self._forget(held)
+        agent, held.agent = held.agent, None
+        if agent is not None and orderly:
+            await agent.close()
+        with contextlib.suppress(Exception):
+            await held.transport.close()
+        if agent is not None and not orderly:
+            await agent.close()
+
+    async def close_all(self) -> None:
+        await asyncio.gather(*(self.drop(h) for h in list(self.held)), return_exceptions=True)
+        for task in list(self._closing):
+            task.cancel()
+        await asyncio.gather(*self._closing, return_exceptions=True)
