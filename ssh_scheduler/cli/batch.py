@@ -44,7 +44,7 @@ def execute_batch(
     from ssh_scheduler.jobs.batch_file import parse_batch
     from ssh_scheduler.jobs.needs import flag_needs
     from ssh_scheduler.machines.config import load_machines
-    from ssh_scheduler.machines.machine import local_machine
+    from ssh_scheduler.machines.machine import local_machine, with_keep_warm
 
     results_dir: Path = values["results_dir"]
     dry_run: bool = values["dry_run"]
@@ -71,6 +71,7 @@ def execute_batch(
             raise SchedulerError(f"cannot read batch file {batch_file}: {exc.strerror}") from None
         jobs = parse_batch(data, str(batch_file), commands_mode=values["commands"])
         hosts = load_machines(machines, exclude=values["exclude_hosts"] or ()) if machines else [local_machine()]
+        hosts = with_keep_warm(hosts, values["keep_warm"])
         flag_needs(values)  # a need out of range, like a bad --halt, is refused before any host is contacted
         if values["halt"]:
             from ssh_scheduler.planner.policy import parse_halt

@@ -18,7 +18,8 @@ from ssh_scheduler.coordinator.fleet import (
 )
 from ssh_scheduler.coordinator.fleet_output import FleetResult
 from ssh_scheduler.errors import ConfigError, SchedulerError
-from ssh_scheduler.machines.machine import Machine
+from ssh_scheduler.jobs.options import option
+from ssh_scheduler.machines.machine import Machine, with_keep_warm
 
 
 def _write_line(stream: Any, line: str) -> None:
@@ -64,6 +65,7 @@ def execute_to_command(
     max_connections: Annotated[int, typer.Option("--max-connections", help="hosts contacted at once")] = DEFAULT_MAX_CONNECTIONS,
     copy_forwards: Annotated[list[str] | None, typer.Option("--copy-forwards", help="files to send first, into the command's working directory")] = None,
     accept_new: Annotated[bool, typer.Option("--accept-new", help="trust and record unknown host keys")] = False,
+    keep_warm: Annotated[float | None, typer.Option(*option("keep_warm").flags, help=option("keep_warm").help)] = None,
 ) -> None:
     """Run one shell command on every machine at once; exit 0 only when it exited 0 everywhere."""
     from ssh_scheduler.machines.config import load_machines
@@ -82,7 +84,7 @@ def execute_to_command(
             )
         if gather and json_output:
             raise ConfigError("--gather and --json do not go together (choose one)")
-        hosts = load_machines(machine_specs, exclude=excludes)
+        hosts = with_keep_warm(load_machines(machine_specs, exclude=excludes), keep_warm)
         options = FleetOptions(
             timeout=timeout,
             connect_timeout=connect_timeout,

@@ -18,8 +18,9 @@ from ssh_scheduler.cli.common import quiet_on_broken_pipe
 from ssh_scheduler.cli.params import expand_multi_value
 
 COMMANDS = ("execute_batch", "execute_remote", "combine_folders", "execute_to", "sweep", "results")
-CONTROL_COMMANDS = ("status", "jobs", "pause", "resume", "cancel", "doctor", "attach")
-"""Commands that read a batch's journal, steer its coordinator, follow it or check the hosts."""
+CONTROL_COMMANDS = ("status", "jobs", "pause", "resume", "cancel", "doctor", "attach", "hub")
+"""Commands that read a batch's journal, steer its coordinator, follow it, check the hosts or
+show the hub that keeps their connections warm."""
 
 
 def command(name: str) -> Callable[..., None]:
@@ -52,6 +53,10 @@ def command(name: str) -> Callable[..., None]:
         from ssh_scheduler.cli.detach import attach
 
         return attach
+    if name == "hub":
+        from ssh_scheduler.cli.hub import hub
+
+        return hub
     from ssh_scheduler.cli.status import COMMANDS as control
 
     return control[name]

@@ -27,13 +27,14 @@ def execute_remote(
     from ssh_scheduler.executors.transfer import CopyLimits
     from ssh_scheduler.jobs.job_names import validate_job_name
     from ssh_scheduler.machines.config import load_machine
-    from ssh_scheduler.machines.machine import local_machine
+    from ssh_scheduler.machines.machine import local_machine, with_keep_warm
 
     try:
         check_numbers(**values)
         if values["job_name"] is not None:
             validate_job_name(values["job_name"])
         target = load_machine(values["machine"]) if values["machine"] else local_machine()
+        target = with_keep_warm([target], values["keep_warm"])[0]
         # Each value where the option table sends it: RemoteOptions' fields, its CopyLimits.
         options = RemoteOptions(**destined(values, "options"), limits=CopyLimits(**destined(values, "limits")))
         code = run_async(lambda: run_remote(target, command, options, warn=lambda w: err_line(f"warning: {w}")))

@@ -1,5 +1,6 @@
 """``ssh-scheduler status`` / ``jobs`` (read the journal) and ``pause`` / ``resume`` /
-``cancel`` (ask the running coordinator over its control socket)."""
+``cancel`` (ask the running coordinator over its control socket); ``status`` also shows the
+connections the hub keeps warm (cli/hub.py)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,14 @@ from typing import Annotated, Any
 
 import typer
 
+from ssh_scheduler.cli.hub import hub_lines
 from ssh_scheduler.coordinator.control import ControlError, send_request
 from ssh_scheduler.coordinator.detach import LOG_NAME, coordinator_header
 from ssh_scheduler.errors import SchedulerError
+from ssh_scheduler.jobs.options import option
 from ssh_scheduler.results.journal import JOURNAL_NAME, read_journal
 from ssh_scheduler.results.status import fold_journal, joblog_lines, status_json, status_lines
+from ssh_scheduler.transport.hub_client import hub_status
 
 ResultsArg = Annotated[Path, typer.Argument(help="the batch's results folder")]
 ResultsOpt = Annotated[Path, typer.Option("--results-dir", help="the batch's results folder")]
@@ -40,20 +44,31 @@ def status(
     results_dir: ResultsArg = Path("job_results"),
     json_output: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
 ) -> None:
-    """Counts, running jobs with their host and GPUs, and failures of a batch (running or not)."""
+    """Counts, running jobs with their host and GPUs, and failures of a batch (running or not);
+    and the connections the hub keeps warm, when one runs."""
+    hubs = hub_status()
+    if hubs and not (results_dir / JOURNAL_NAME).is_file():
+        if json_output:
+            _echo(json.dumps({"hub": hubs}))
+        else:
+            for line in hub_lines(hubs):
+                _echo(line)
+        return
     batch = fold_journal(_journal(results_dir))
     try:
         coordinator: dict[str, Any] | None = send_request(results_dir, {"command": "status"})
     except ControlError:
         coordinator = None
     if json_output:
-        _echo(json.dumps(status_json(batch, results_dir, coordinator)))
+        _echo(json.dumps({**status_json(batch, results_dir, coordinator), **({"hub": hubs} if hubs else {})}))
         return
     for line in status_lines(batch, results_dir, coordinator, time.time()):
         _echo(line)
     header = coordinator_header(results_dir)
     if coordinator is not None and header is not None and header.get("pid") == coordinator.get("pid"):
         _echo(f"  detached: its log is {results_dir}/{LOG_NAME}; ssh-scheduler attach follows it")
+    for line in hub_lines(hubs) if hubs else ():
+        _echo(line)
 
 
 def jobs(results_dir: ResultsArg = Path("job_results")) -> None:
@@ -123,15 +138,17 @@ def doctor(
     machines: Annotated[list[str], typer.Option("--machines", help="machine YAML files, ~/.ssh/config aliases or ranges")],
     accept_new: Annotated[bool, typer.Option("--accept-new", help="trust and record unknown host keys")] = False,
     json_output: Annotated[bool, typer.Option("--json", help="one JSON list, an object per host")] = False,
+    keep_warm: Annotated[float | None, typer.Option(*option("keep_warm").flags, help=option("keep_warm").help)] = None,
 ) -> None:
     """Check every host at once; exit 0 only when all pass."""
     import asyncio
 
     from ssh_scheduler.coordinator.doctor import check_hosts, report_json, report_lines
     from ssh_scheduler.machines.config import load_machines
+    from ssh_scheduler.machines.machine import with_keep_warm
 
     try:
-        hosts = load_machines(machines)
+        hosts = with_keep_warm(load_machines(machines), keep_warm)
     except SchedulerError as exc:
         raise _fail(str(exc), exc.exit_code) from None
     reports = asyncio.run(check_hosts(hosts, accept_new=accept_new))

@@ -42,7 +42,7 @@ def sweep(
     from ssh_scheduler.jobs.needs import flag_needs
     from ssh_scheduler.jobs.sweep import build_jobs, expand, parse_sweep, sample, select_commands
     from ssh_scheduler.machines.config import load_machines
-    from ssh_scheduler.machines.machine import local_machine
+    from ssh_scheduler.machines.machine import local_machine, with_keep_warm
     from ssh_scheduler.planner.policy import parse_halt
     from ssh_scheduler.results.journal import read_journal
     from ssh_scheduler.results.sweep_store import Layout, job_stats, plan_runs, prepare, recover
@@ -94,6 +94,7 @@ def sweep(
         jobs = build_jobs(runs, layout.copies(forwards, values["copy_backwards"]), str(sweep_file))
         machines = values["machines"]
         hosts = load_machines(machines, exclude=values["exclude_hosts"] or ()) if machines else [local_machine()]
+        hosts = with_keep_warm(hosts, values["keep_warm"])
         # Which commands rerun was decided from stat.json and param.json above: a changed command
         # is one the sweep means to run.
         options = batch_options(values, results_dir=layout.jobs_dir, allow_changed=True, dry_run=False)

@@ -1,0 +1,78 @@
+"""``ssh-scheduler hub``: what the hub keeps warm, ``hub stop``, and the hidden ``hub serve``.
+
+The hub (transport/hub_server.py) keeps hosts' connections warm between commands; commands start
+it when they need it (transport/hub_client.py runs ``hub serve`` with the pipe it waits on), so
+``serve`` is no command for people: it refuses to run without that pipe.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from typing import Annotated, Any
+
+import typer
+
+from ssh_scheduler.cli.common import err_line, out_line
+from ssh_scheduler.transport.hub_client import hub_folder, hub_status, stop_hub
+
+__all__ = ["hub", "hub_lines"]
+
+
+def hub_lines(hubs: list[dict[str, Any]]) -> list[str]:
+    """What the hubs hold, a line per connection (none: one line saying so)."""
+    if not hubs:
+        return [f"warm connections: none (no hub runs in {hub_folder()})"]
+    lines = []
+    for hub in hubs:
+        held = hub.get("held") or []
+        state = ", stopping" if hub.get("stopping") else ""
+        lines.append(f"warm connections: {len(held)} (hub pid {hub.get('pid')}{state})")
+        for h in held:
+            user = f"{h['user']}@" if h.get("user") else ""
+            port = f":{h['port']}" if h.get("port") not in (None, 22) else ""
+            if h.get("state") == "idle":
+                left = max(0.0, float(h.get("keep_s") or 0) - float(h.get("idle_s") or 0))
+                how = f"idle {h.get('idle_s'):g} s, closes in {left:.0f} s"
+            else:
+                how = "in use"
+            agent = ", agent kept" if h.get("agent") else ""
+            lines.append(f"  {h.get('name')} ({user}{h.get('host')}{port}): {how}{agent}; used {h.get('uses')} times")
+    return lines
+
+
+def hub(
+    action: Annotated[str, typer.Argument(help="status (the default): what it keeps warm; stop: close it all", metavar="[status|stop]")] = "status",
+    status_fd: Annotated[int | None, typer.Option("--status-fd", hidden=True, help="set by the commands that start the hub")] = None,
+) -> None:
+    """The background hub that keeps connections warm between commands: show it, or stop it."""
+    if action == "serve":
+        if status_fd is None or not _is_pipe(status_fd):
+            err_line("error: the hub is started by the commands that use it (keep_warm); nothing to run by hand")
+            raise typer.Exit(2)
+        from ssh_scheduler.transport.hub_server import serve
+
+        raise typer.Exit(serve(status_fd))
+    if action == "stop":
+        stopped = stop_hub()
+        if not stopped:
+            out_line("no hub runs")
+        for reply in stopped:
+            lent = int(reply.get("lent") or 0)
+            tail = f"; {lent} connections in use close when their commands end" if lent else ""
+            out_line(f"stopped the hub (pid {reply.get('pid')}){tail}")
+        return
+    if action != "status":
+        err_line(f"error: unknown hub action {action!r}; use status or stop")
+        raise typer.Exit(2)
+    for line in hub_lines(hub_status()):
+        out_line(line)
+
+
+def _is_pipe(fd: int) -> bool:
+    try:
+        return stat.S_ISFIFO(os.fstat(fd).st_mode)
+    except OSError:
+        return False
+
+
