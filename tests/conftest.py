@@ -13,14 +13,21 @@
 Tests using these fixtures get the ``cluster`` marker automatically.  Mark a test
 ``@pytest.mark.namespaces`` if it needs the namespaced (root) cluster: without root it is
 skipped, or failed when ``CI=true``.
+
+The suite connects directly unless a test asks for the hub (tests/test_hub*.py): a connection
+kept warm between tests would carry one test's hosts into the next.  ``SSH_SCHEDULER_KEEP_WARM``
+set before the run keeps its value (set it to 60 to run the whole suite through the hub).
 """
 
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Callable, Iterator
 
 import pytest
+
+from ssh_scheduler.transport.hub_client import KEEP_WARM_VARIABLE
 
 # The hook that fails skipped tests under CI=true (imported here so pytest registers it).
 from tests.ci_skips import pytest_runtest_makereport  # noqa: F401
@@ -36,6 +43,7 @@ from tests.cluster import (
 from tests.conftest_slurm import slurm  # noqa: F401  (the real-Slurm fixture)
 
 CLUSTER_FIXTURES = ("cluster4", "make_cluster", "slurm")
+os.environ.setdefault(KEEP_WARM_VARIABLE, "0")  # before any test: CLI subprocesses inherit it
 
 
 def cluster4_specs() -> list[HostSpec]:
