@@ -303,6 +303,29 @@ async def test_a_killed_stale_or_stuck_hub_costs_a_direct_connection_never_a_wro
         os.kill(second, signal.SIGCONT)
 
 
+def test_a_client_killed_midway_leaves_its_connection_to_nobody(cluster4: Cluster, hub: Path, tmp_path: Path) -> None:
+    """SIGKILL a command while it uploads: the hub does not lend what it left (an SFTP session cut
+    off midway) to the next command, which connects afresh and works."""
+    host = cluster4.hosts[0]
+    (tmp_path / "data.bin").write_bytes(os.urandom(64 * 1024 * 1024))
+    before = opens(host)
+    killed = subprocess.Popen(
+        [sys.executable, "-m", "ssh_scheduler", "execute_remote", "--machine", str(host.machine_file),
+         "--copy-forwards", "data.bin", "--", "sha256sum data.bin"],
+        cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    cache = host.workdir / "cache"
+    until(lambda: cache.exists() and any(cache.glob("*.part-*")), "the upload runs", 120)
+    killed.kill()
+    killed.wait()
+    done = cli("execute_remote", "--machine", str(host.machine_file), "--copy-forwards", "data.bin", "--",
+               "sha256sum data.bin", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert opens(host) - before == 2  # the killed command's connection was not lent again
+    [state] = hub_status()
+    assert [h["uses"] for h in state["held"]] == [1]
+
+
 async def test_a_hub_ends_by_itself_once_idle(cluster4: Cluster, hub: Path) -> None:
     host = cluster4.hosts[0]
     await hostname(machine_of(host, keep_warm=1.0))
@@ -379,10 +402,10 @@ async def test_a_changed_host_key_key_file_or_config_never_reuses_a_connection(m
 # --- the command line -----------------------------------------------------------------------------------
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, cwd: Path = Path("/")) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "ssh_scheduler", *args], capture_output=True, text=True, timeout=120,
-        env=dict(os.environ, PYTHONPATH=str(REPO)), cwd="/",
+        env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=cwd,
     )
 
 

@@ -355,7 +355,10 @@ class HubTransport:
             await self._keepalive
         for stream in list(self._streams):
             stream.close()
-        self._hold[1].close()  # the lease ends: the hub keeps the connection warm, or closes it
+        hold = self._hold[1]
+        with contextlib.suppress(OSError, RuntimeError):
+            hold.write(b"bye\n")  # an orderly end: the hub may lend the connection again
+        hold.close()
 
 
 class _AgentStream:

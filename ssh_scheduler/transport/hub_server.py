@@ -74,6 +74,9 @@ class Lease:
     ops: set[asyncio.Task[Any]] = field(default_factory=set)
     streams: set[asyncio.StreamWriter] = field(default_factory=set)
     usable: bool = True
+    """False once a file transfer was cut off midway (an SFTP session in an unknown state)."""
+    clean: bool = False
+    """The client said goodbye (a client that vanished, killed, leaves nothing to reuse)."""
 
 
 class Hub:
@@ -220,6 +223,9 @@ class Hub:
             writer.write(reply_line({"ok": True, "lease": lease.id, "warm": warm}))
             await writer.drain()
             while line := await reader.readline():  # the client's pings, until it lets go
+                if line.strip() == b"bye":
+                    lease.clean = True
+                    break
                 if line.strip() == b"ping":
                     writer.write(b"pong\n")
                     await writer.drain()
@@ -236,11 +242,14 @@ class Hub:
         for task in lease.ops:
             lease.usable = False
             task.cancel()
-        self.pool.give_back(lease.held, lease.keep, usable=lease.usable)
+        self.pool.give_back(lease.held, lease.keep, usable=lease.usable and lease.clean)
 
-    async def _while_there(self, lease: Lease, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, work: Awaitable[T]) -> T:
+    async def _while_there(
+        self, lease: Lease, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, work: Awaitable[T], *, transfer: bool = False
+    ) -> T:
         """``work`` as one of the lease's operations, cancelled when the client goes away (its
-        end of the connection closed: what cancelling the call does in the client)."""
+        end of the connection closed: what cancelling the call does in the client).  A file
+        ``transfer`` cut off midway leaves the connection to nobody after this client."""
         task = asyncio.ensure_future(work)
         lease.ops.add(task)
         lease.streams.add(writer)
@@ -249,6 +258,7 @@ class Hub:
             await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
             if not task.done():
                 task.cancel()
+                lease.usable = lease.usable and not transfer
             return await task
         finally:
             gone.cancel()
@@ -332,7 +342,7 @@ class Hub:
 
     async def _answer(self, lease: Lease, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, work: Awaitable[dict[str, Any]]) -> None:
         try:
-            reply = {"ok": True, **await self._while_there(lease, reader, writer, work)}
+            reply = {"ok": True, **await self._while_there(lease, reader, writer, work, transfer=True)}
         except asyncio.CancelledError:
             if self.done.is_set():
                 raise
