@@ -326,6 +326,25 @@ def test_a_client_killed_midway_leaves_its_connection_to_nobody(cluster4: Cluste
     assert [h["uses"] for h in state["held"]] == [1]
 
 
+async def test_a_stopping_hub_finishes_what_it_lent_while_a_new_one_serves(cluster4: Cluster, hub: Path) -> None:
+    host = cluster4.hosts[2]
+    machine = machine_of(host)
+    lent = await connect(machine)
+    try:
+        [old] = hub_pids()
+        [stopping] = stop_hub()
+        assert stopping["lent"] == 1
+        # It no longer listens, and gave its name up: the next command starts a new hub at once.
+        assert await hostname(machine) == host.name
+        [new] = hub_pids()
+        assert new != old and alive(old)
+        got = await lent.exec("echo still here")  # what it lent goes on until given back
+        assert got.stdout == b"still here\n"
+    finally:
+        await lent.close()
+    await asyncio.to_thread(until, lambda: not alive(old), "the stopped hub exited")
+
+
 async def test_a_hub_ends_by_itself_once_idle(cluster4: Cluster, hub: Path) -> None:
     host = cluster4.hosts[0]
     await hostname(machine_of(host, keep_warm=1.0))

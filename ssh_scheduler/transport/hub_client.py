@@ -51,6 +51,7 @@ from ssh_scheduler.transport.hub_wire import (
     connect_socket,
     error_from_json,
     folder_path,
+    lock_path,
     machine_json,
     peer_uid,
     private_folder,
@@ -134,7 +135,14 @@ async def open_via_hub(machine: Machine, *, accept_new: bool = False, keepalive:
             raise error_from_json(reply)
         log.debug("%s: the hub refused (%s); connecting directly", machine.name, reply)
         return None
-    return HubTransport(machine, path, str(reply["lease"]), reader, writer, bool(reply.get("warm")))
+    # Its operations go to the hub that lent it, on its own socket (the name may pass to a new
+    # hub while this one finishes what it lent: hub stop).
+    own = Path(str(reply.get("own") or path))
+    if own.parent != path.parent:
+        writer.close()
+        log.debug("%s: the hub named a socket outside its folder (%s); connecting directly", machine.name, own)
+        return None
+    return HubTransport(machine, own, str(reply["lease"]), reader, writer, bool(reply.get("warm")))
 
 
 async def _reach(path: Path) -> socket.socket:
@@ -159,7 +167,7 @@ async def _reach(path: Path) -> socket.socket:
     return await connect_socket(path, REACH_TIMEOUT)
 
 
-def start_hub(path: Path) -> None:
+def start_hub(path: Path, tries: int = 2) -> None:
     """Start the hub for ``path`` (the hidden ``ssh-scheduler hub serve``) and wait until it
     listens, or until another that won the race does; HubUnusable when neither happens."""
     read_end, write_end = os.pipe()
@@ -198,6 +206,9 @@ def start_hub(path: Path) -> None:
             os.close(write_end)
     if said.startswith(b"busy"):  # another start won: wait until it listens
         while time.monotonic() < deadline and not path.exists():
+            if not lock_path(path).exists() and tries > 1:  # it gave its name up meanwhile
+                start_hub(path, tries - 1)
+                return
             time.sleep(0.02)
     elif not said.startswith(b"ready"):
         raise HubUnusable(f"the hub did not start ({said.decode(errors='replace').strip() or 'no answer'}; see {logfile})")

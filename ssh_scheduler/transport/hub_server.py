@@ -61,6 +61,8 @@ EXIT_GRACE = 2.0
 """Seconds the hub stays with nothing held and nobody connected before it exits."""
 REQUEST_TIMEOUT = 10.0
 READY = b"ready\n"
+OWN_SUFFIX = ".own"
+"""A hub's own socket: ``hub-KEY.PID.own``, beside its name ``hub-KEY.sock``."""
 BUSY = b"busy\n"
 
 
@@ -80,8 +82,9 @@ class Lease:
 
 
 class Hub:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, lock: int) -> None:
         self.path = path
+        self._lock: int | None = lock
         self.pool = Pool()
         self.leases: dict[str, Lease] = {}
         self.clients = 0
@@ -89,6 +92,8 @@ class Hub:
         self.stopping = False
         self.done = asyncio.Event()
         self._server: socket.socket | None = None
+        self._own_server: socket.socket | None = None
+        self.own = path
         self._inode: int | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ops: dict[str, Callable[[dict[str, Any], list[int], asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]] = {
@@ -96,46 +101,55 @@ class Hub:
             "upload": self._upload, "download": self._download, "status": self._status, "stop": self._stop,
         }
 
-    # -- the socket --------------------------------------------------------------------------------
+    # -- the sockets -------------------------------------------------------------------------------
     def listen(self) -> None:
+        """The hub's name (for new clients, while it takes them) and its own socket (what it
+        lent is reached there until it exits, also after a new hub took the name)."""
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)  # a dead hub's (we hold the lock: no live hub serves it)
-        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        umask = os.umask(0o177)  # created 0600: never a moment when others could connect
-        try:
-            with reachable(self.path) as where:
-                server.bind(where)
-        finally:
-            os.umask(umask)
-        server.listen(128)
-        server.setblocking(False)
-        self._server = server
+        for stale in self.path.parent.glob(f"{self.path.stem}.*{OWN_SUFFIX}"):
+            with contextlib.suppress(ValueError, OSError):
+                if not _alive(int(stale.name.rsplit(".", 2)[-2])):
+                    stale.unlink()  # a dead hub's own socket
+        self.own = self.path.with_name(f"{self.path.stem}.{os.getpid()}{OWN_SUFFIX}")
+        self._server = _bound(self.path)
         self._inode = os.stat(self.path).st_ino
+        self._own_server = _bound(self.own)
 
     async def run(self) -> None:
-        assert self._server is not None
+        assert self._server is not None and self._own_server is not None
         loop = asyncio.get_running_loop()
         ticker = asyncio.create_task(self._tick())
-        accepting = asyncio.create_task(self._accept(loop, self._server))
+        accepting = [asyncio.create_task(self._accept(loop, s)) for s in (self._server, self._own_server)]
         try:
             await self.done.wait()
         finally:
-            accepting.cancel()
-            ticker.cancel()
+            for task in (*accepting, ticker):
+                task.cancel()
             self._unlisten()
+            self._own_server.close()
+            with contextlib.suppress(OSError):
+                os.unlink(self.own)
             for task in list(self._tasks):
                 task.cancel()
-            await asyncio.gather(*self._tasks, accepting, ticker, return_exceptions=True)
+            await asyncio.gather(*self._tasks, *accepting, ticker, return_exceptions=True)
             await self.pool.close_all()
 
     def _unlisten(self) -> None:
-        if self._server is None:
-            return
-        with contextlib.suppress(OSError):
-            if os.stat(self.path).st_ino == self._inode:  # ours still: no newer hub's
-                os.unlink(self.path)
-        self._server.close()
-        self._server = None
+        """No new client: the socket and the lock go, so that a new hub may start at once beside
+        this one while it finishes what it lent."""
+        if self._server is not None:
+            with contextlib.suppress(OSError):
+                if os.stat(self.path).st_ino == self._inode:  # ours still: no newer hub's
+                    os.unlink(self.path)
+            self._server.close()
+            self._server = None
+        if self._lock is not None:
+            with contextlib.suppress(OSError):
+                if os.stat(lock_path(self.path)).st_ino == os.fstat(self._lock).st_ino:
+                    os.unlink(lock_path(self.path))  # before it is released: a new one is made
+            os.close(self._lock)
+            self._lock = None
 
     async def _accept(self, loop: asyncio.AbstractEventLoop, server: socket.socket) -> None:
         while True:
@@ -220,7 +234,7 @@ class Hub:
         lease = Lease(secrets.token_hex(16), held, float(request.get("keep") or 0))
         self.leases[lease.id] = lease
         try:
-            writer.write(reply_line({"ok": True, "lease": lease.id, "warm": warm}))
+            writer.write(reply_line({"ok": True, "lease": lease.id, "warm": warm, "own": str(self.own)}))
             await writer.drain()
             while line := await reader.readline():  # the client's pings, until it lets go
                 if line.strip() == b"bye":
@@ -374,6 +388,29 @@ async def _sized(work: Awaitable[int]) -> dict[str, Any]:
     return {"size": await work}
 
 
+def _bound(path: Path) -> socket.socket:
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    umask = os.umask(0o177)  # created 0600: never a moment when others could connect
+    try:
+        with reachable(path) as where:
+            server.bind(where)
+    finally:
+        os.umask(umask)
+    server.listen(128)
+    server.setblocking(False)
+    return server
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 # --- the process ------------------------------------------------------------------------------
 
 
@@ -405,7 +442,7 @@ def serve(status_fd: int) -> int:
         import_asyncssh()
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
-        hub = Hub(path)
+        hub = Hub(path, lock)
         hub.listen()
     except Exception as exc:
         with contextlib.suppress(OSError):
@@ -420,7 +457,4 @@ def serve(status_fd: int) -> int:
         loop.run_until_complete(hub.run())
     finally:
         loop.close()
-        with contextlib.suppress(OSError):
-            os.unlink(lock_path(path))  # before the lock goes: a starter then makes a new one
-        os.close(lock)
     return 0
