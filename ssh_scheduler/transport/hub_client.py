@@ -69,6 +69,8 @@ START_TIMEOUT = 20.0
 """Seconds a starting hub may take to listen (python3 and asyncssh to import, on a busy host)."""
 REACH_TIMEOUT = 5.0
 """Seconds to reach a running hub's socket."""
+SUPPORTED = sys.platform == "linux"
+"""Peer credentials (SO_PEERCRED) and /proc/self/fd: elsewhere every command connects directly."""
 _starting: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Future[None]] = weakref.WeakKeyDictionary()
 
 
@@ -97,7 +99,7 @@ async def open_via_hub(machine: Machine, *, accept_new: bool = False, keepalive:
     what connecting raises (an unknown host key, a refused login...) when the hub connected and
     the host said no: a direct attempt would only hear the same."""
     keep = keep_warm_of(machine)
-    if keep <= 0 or machine.is_local:
+    if keep <= 0 or machine.is_local or not SUPPORTED:
         return None
     try:
         path = socket_path(private_folder(create=True))
@@ -410,6 +412,8 @@ def stop_hub() -> list[dict[str, Any]]:
 
 
 def _ask_all(request: dict[str, Any]) -> list[dict[str, Any]]:
+    if not SUPPORTED:
+        return []
     try:
         folder = private_folder(create=False)
     except HubUnusable:
