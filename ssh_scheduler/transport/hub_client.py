@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -79,15 +80,21 @@ def keep_warm_of(machine: Machine) -> float:
     ``--keep-warm`` that replaced it), else ``$SSH_SCHEDULER_KEEP_WARM``, else 60."""
     if machine.keep_warm is not None:
         return machine.keep_warm
-    text = os.environ.get(KEEP_WARM_VARIABLE, "").strip()
-    if text:
-        try:
-            value = float(text)
-        except ValueError:
-            value = -1.0
-        if 0 <= value < float("inf"):
-            return value
-        log.warning("%s=%s is not a number of seconds (0 or more); using %g", KEEP_WARM_VARIABLE, text, DEFAULT_KEEP_WARM)
+    return _default(os.environ.get(KEEP_WARM_VARIABLE, "").strip())
+
+
+@functools.cache
+def _default(text: str) -> float:
+    """The variable's value (said once when it is no number of seconds)."""
+    if not text:
+        return DEFAULT_KEEP_WARM
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if 0 <= value < float("inf"):
+        return value
+    log.warning("%s=%s is not a number of seconds (0 or more); using %g", KEEP_WARM_VARIABLE, text, DEFAULT_KEEP_WARM)
     return DEFAULT_KEEP_WARM
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ssh_scheduler.errors import ConnectionLostError
+from ssh_scheduler.errors import ConnectionLostError, SchedulerError
 from ssh_scheduler.transport.hub_agent import AgentLink
 from ssh_scheduler.transport.hub_pool import Held, Pool
 from ssh_scheduler.transport.hub_wire import (
@@ -193,7 +193,10 @@ class Hub:
                 if handler is None:
                     writer.write(reply_line({"ok": False, "refused": f"unknown request {request.get('op')!r}"}))
                 else:
-                    await handler(request, fds, reader, writer)
+                    try:
+                        await handler(request, fds, reader, writer)
+                    except SchedulerError as exc:  # before its reply (a lease that is gone)
+                        writer.write(reply_line({"ok": False, **error_json(exc)}))
             finally:
                 writer.close()
                 with contextlib.suppress(Exception):
@@ -228,8 +231,12 @@ class Hub:
             held, warm = await self.pool.lend(
                 machine, accept_new=bool(request.get("accept_new")), keepalive=request.get("keepalive")
             )
-        except Exception as exc:
+        except SchedulerError as exc:  # what connecting says (unknown host key, login refused...)
             writer.write(reply_line({"ok": False, **error_json(exc)}))
+            return
+        except Exception as exc:  # the hub's own failure: the client connects directly
+            log.exception("%s: lending a connection failed", machine.name)
+            writer.write(reply_line({"ok": False, "refused": f"the hub failed: {type(exc).__name__}: {exc}"}))
             return
         lease = Lease(secrets.token_hex(16), held, float(request.get("keep") or 0))
         self.leases[lease.id] = lease
