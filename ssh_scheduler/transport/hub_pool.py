@@ -145,7 +145,6 @@ class Pool:
         """A connection for ``machine``: a warm one that still answers, else a new one (raising
         what a direct connect raises).  Returns it and whether it was warm."""
         key = identity(machine, keepalive)
-        self.sweep()
         for held in sorted(self.held, key=lambda h: -(h.idle_since or 0)):
             if held.lent or held.key != key:
                 continue

@@ -59,6 +59,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 EXIT_GRACE = 2.0
 """Seconds the hub stays with nothing held and nobody connected before it exits."""
+SWEEP_EVERY = 5.0
+"""Seconds between two checks of every idle connection's key files and known_hosts entries (a
+connection about to be lent is checked then, whatever the time)."""
 REQUEST_TIMEOUT = 10.0
 READY = b"ready\n"
 OWN_SUFFIX = ".own"
@@ -166,9 +169,12 @@ class Hub:
 
     async def _tick(self) -> None:
         """Close what changed under it; exit once nothing is held and nobody is here."""
+        swept = time.monotonic()
         while True:
             await asyncio.sleep(0.5)
-            self.pool.sweep()
+            if time.monotonic() - swept >= SWEEP_EVERY:
+                self.pool.sweep()
+                swept = time.monotonic()
             if self.clients or self.leases or not self.pool.idle:
                 self.last_activity = time.monotonic()
             elif time.monotonic() - self.last_activity > EXIT_GRACE or self.stopping:
