@@ -403,12 +403,14 @@ async def test_a_changed_host_key_key_file_or_config_never_reuses_a_connection(m
     assert await hostname(machine) == host.name
     assert opens(host) - base == 2
 
-    # Another way to connect (the config says legacy algorithms now): another connection; the
-    # same way again: that one.
+    # Another way to connect (the config says legacy algorithms now): another connection, and
+    # the one made under the old config is closed; the same way again: the new one.
     legacy = dataclasses.replace(machine, legacy_algorithms=True)
     assert await hostname(legacy) == host.name
     assert await hostname(legacy) == host.name
     assert opens(host) - base == 3
+    [state] = hub_status()
+    assert [h["uses"] for h in state["held"]] == [2]
 
     # An unknown host key is refused through the hub exactly as directly, word for word.
     cluster.known_hosts.write_text("")

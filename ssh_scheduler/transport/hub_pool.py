@@ -10,7 +10,8 @@ jump hosts, ProxyCommand, algorithms, forwarding, sessions -- and the keepalive.
 those name is checked at every reuse and at every sweep (:class:`Held.fresh`): each key file's
 identity (inode, size, times: an edited or replaced key), and what the known_hosts files say
 about the host and each jump host (a key recorded, removed, revoked).  A connection made under
-what has changed is never lent again, and is closed.  The host is asked for an answer before a
+what has changed is never lent again, and is closed; so is one of a machine (the same name from
+the same file) that now connects another way: its config changed.  The host is asked for an answer before a
 connection is lent (:meth:`SSHTransport.answers`): a host that crashed or was cut off while held
 costs a short wait and a fresh connection, which then fails as a direct one would.
 """
@@ -145,6 +146,14 @@ class Pool:
         """A connection for ``machine``: a warm one that still answers, else a new one (raising
         what a direct connect raises).  Returns it and whether it was warm."""
         key = identity(machine, keepalive)
+        how = identity(machine, None)
+        for held in list(self.held):
+            # The same machine (its name, from the same file) now connects another way: its
+            # config changed, and what was made under the old one goes.
+            same = (held.machine.name, held.machine.source) == (machine.name, machine.source)
+            if same and not held.lent and identity(held.machine, None) != how:
+                log.debug("%s: its config changed; the connection made under the old one is closed", machine.name)
+                self._close_soon(held)
         for held in sorted(self.held, key=lambda h: -(h.idle_since or 0)):
             if held.lent or held.key != key:
                 continue
