@@ -253,7 +253,7 @@ async def test_another_user_is_refused_both_ways(cluster4: Cluster, hub: Path, t
         assert hub_pids() == []  # (status asks every socket there: refused too)
         fake.kill()
         told, _ = fake.communicate(timeout=30)
-        assert told.split() == ["b''", "b''"]  # reached, its owner seen, nothing said: direct
+        assert set(told.split()) == {"b''"}  # reached, its owner seen, nothing ever said: direct
     finally:
         shutil.rmtree(theirs, ignore_errors=True)
         sock.unlink(missing_ok=True)
