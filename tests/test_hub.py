@@ -41,6 +41,7 @@ from ssh_scheduler.transport.hub_wire import (
     machine_json,
     private_folder,
     read_frame,
+    socket_path,
 )
 from ssh_scheduler.transport.lines import BoundedLines
 
@@ -141,6 +142,25 @@ async def test_no_hub_means_none_and_a_machine_at_keep_warm_0_never_starts_one(r
     runtime.mkdir(mode=0o755)
     assert await open_via_hub(dataclasses.replace(machine, keep_warm=5.0)) is None
     assert list(runtime.iterdir()) == []
+
+
+@pytest.mark.parametrize("how", ["closes before answering", "ends before accepting"])
+async def test_a_hub_that_goes_while_a_client_connects_means_a_direct_connection(runtime: Path, how: str) -> None:
+    """The race of a hub's idle exit with a new client: its socket is reached, then nothing."""
+    path = socket_path(private_folder(create=True))
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(5)
+    machine = Machine(name="h", host="192.0.2.1", keep_warm=30.0)
+    asking = asyncio.ensure_future(open_via_hub(machine))
+    if how == "closes before answering":
+        client, _ = await asyncio.get_running_loop().run_in_executor(None, listener.accept)
+        client.close()
+    else:
+        await asyncio.sleep(0.2)  # the request waits in the backlog...
+    listener.close()  # ...and the hub is gone
+    path.unlink()
+    assert await asyncio.wait_for(asking, 30) is None  # (the limit only stops a hung test)
 
 
 # --- keep_warm: the key, the flag, the variable ----------------------------------------------------
