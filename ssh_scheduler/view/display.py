@@ -45,6 +45,7 @@ def plain_subscriber(out: Printer, err: Printer, verbosity: int = 0) -> Callable
     """The ancestor's lines.  ``verbosity`` -1 (``-q``): only failures and errors; 1 (``-v``):
     also every probe (the transfers and connections come through :func:`wire_logging`)."""
     lines = TerminalLines(out, err)
+    out, err = lines.out, lines.err  # sanitizing, for the lines of our own below too
 
     def subscriber(event: Event) -> None:
         if verbosity < 0 and not isinstance(event, JobFailed) and not (
