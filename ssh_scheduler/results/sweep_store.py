@@ -30,7 +30,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ssh_scheduler.errors import ConfigError, plain_text
-from ssh_scheduler.jobs.sweep import Combination, Copies, command_values, render
+from ssh_scheduler.jobs.shell_template import render
+from ssh_scheduler.jobs.sweep import Combination, Copies, command_values
 from ssh_scheduler.results.untrusted import parse_json, read_untrusted
 
 log = logging.getLogger(__name__)
