@@ -68,11 +68,12 @@ def read_untrusted(path: Path, what: str, limit: int) -> bytes | None:
     if stream is None:
         return None
     with stream:
-        try:
-            data = stream.read(limit + 1)
+        try:  # the size first: a huge file is refused without reading it
+            size = os.fstat(stream.fileno()).st_size
+            data = stream.read(limit + 1) if size <= limit else b""
         except OSError as exc:
             raise ConfigError(f"cannot read {plain_text(path)} ({what}): {exc.strerror or exc}") from None
-    if len(data) > limit:
+    if size > limit or len(data) > limit:
         raise ConfigError(
             f"{plain_text(path)} ({what}) is larger than {limit} bytes, more than ssh_scheduler writes there: "
             "not read (remove it, or use another results folder)"

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ssh_scheduler.errors import plain_text
 from ssh_scheduler.events import Event, HostProbed, JobCancelled, JobFailed, Notice
 from ssh_scheduler.view.terminal import Printer, TerminalLines
 
@@ -81,7 +82,7 @@ class _ToPrinter(logging.Handler):
         self.err = err
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.err(f"{record.name.removeprefix('ssh_scheduler.')}: {record.getMessage()}")
+        self.err(plain_text(f"{record.name.removeprefix('ssh_scheduler.')}: {record.getMessage()}"))
 
 
 def _duration(seconds: float) -> str:
