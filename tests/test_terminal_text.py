@@ -173,11 +173,16 @@ def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     """A command in this process: its exit status, stdout and stderr (an exception fails the test)."""
     from ssh_scheduler.cli.main import main
 
+    logger = logging.getLogger("ssh_scheduler")
+    handlers = list(logger.handlers)
     try:
         main(list(args))
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+    finally:  # the CLI's log handler holds this test's captured stderr
+        for handler in [h for h in logger.handlers if h not in handlers]:
+            logger.removeHandler(handler)
     out, err = capsys.readouterr()
     return code, out, err
 

@@ -107,7 +107,7 @@ def entry_problem(entry: object) -> str | None:
     if not isinstance(entry, dict):
         return "is not a JSON object"
     state = entry.get("state")
-    if state not in KNOWN_STATES:
+    if not isinstance(state, str) or state not in KNOWN_STATES:
         return f"has the unknown state {show_value(state, 40)}"
     if not isinstance(entry.get("job"), str):
         return "has no job name"
