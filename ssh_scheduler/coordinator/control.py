@@ -3,7 +3,10 @@
 
 The coordinator serves a unix socket in its results folder (``job_results/.control.sock``, mode
 0600, and each peer's uid checked with ``SO_PEERCRED``: root ignores the mode, and only the
-batch's owner may steer it).  One request per connection: a JSON line in, a JSON line out.
+batch's owner may steer it).  The client checks the other way round before it sends anything:
+the socket must not be a link, and whoever serves it must be of the client's uid; its reply is read
+up to :data:`MAX_REPLY` bytes and checked like any input (:func:`reply_problem`).  One request per
+connection: a JSON line in, a JSON line out.
 The requests become planner events (:meth:`Planner.pause`, ``resume``, ``cancel``); the
 coordinator performs the actions they return, as for any other event.
 """
