@@ -189,3 +189,10 @@ def test_a_sweep_run_by_the_agent_writes_each_hostile_value_exactly(tmp_path: Pa
     got = sorted((p / "got.txt").read_text() for p in (tmp_path / "job_results").iterdir() if not p.name.startswith("."))
     assert got == sorted(f"{v}|{v}|{v}" for v in values)
     assert not pwn.exists()
+
+
+def test_case_as_an_argument_is_no_case_statement() -> None:
+    # 'case' counts only where a command starts: as an argument its ')' would otherwise be taken
+    # for a pattern's, and the $(...) around it never closed.
+    assert render('echo "$(echo case) {x}"', {"x": "$(id)"}) == 'echo "$(echo case) "\'$(id)\'""'
+    assert render("x=$(case a in a) echo;; esac) {x}", {"x": "a b"}) == "x=$(case a in a) echo;; esac) 'a b'"

@@ -46,6 +46,8 @@ RESERVED = frozenset({
     "in", "function", "time", "coproc",
 })  # fmt: skip
 _ARITH_TESTS = frozenset({"-eq", "-ne", "-lt", "-le", "-gt", "-ge"})
+_LEADERS = frozenset({"then", "do", "else", "elif", "if", "while", "until", "!", "{", "time"})
+"""Words after which the next word is again a command's first."""
 _BREAKS = frozenset(" \t\n;&|<>()")
 
 
@@ -111,7 +113,8 @@ class _Frame:
     word: str = ""
     word_has_slot: bool = False
     depth: int = 0  # parentheses (cmd, arith) or braces (param)
-    cases: int = 0
+    cases: int = 0  # case ... esac open here: a ')' ends a pattern, not this $(...)
+    at_start: bool = True  # the next word is a command's first (where 'case' is a keyword)
     test: list[Slot] | None = None  # inside [[ ]]: the slots seen there
     test_arith: bool = False
 
@@ -292,6 +295,8 @@ class _Reader:
             return end + after
         if c in _BREAKS:
             self._end_word(frame)
+            if c in ";&|()\n":
+                frame.at_start = True
             if c == "(":
                 frame.depth += 1
             elif c == ")":
@@ -308,11 +313,14 @@ class _Reader:
     def _end_word(self, frame: _Frame) -> None:
         word, frame.word = frame.word, ""
         had_slot, frame.word_has_slot = frame.word_has_slot, False
+        if not word and not had_slot:
+            return
+        at_start, frame.at_start = frame.at_start, not had_slot and word in _LEADERS
         if had_slot:
             return
-        if word == "case":
+        if word == "case" and at_start:
             frame.cases += 1
-        elif word == "esac" and frame.cases:
+        elif word == "esac" and at_start and frame.cases:
             frame.cases -= 1
         elif word == "[[":
             frame.test, frame.test_arith = [], False
