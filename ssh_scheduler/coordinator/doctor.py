@@ -3,7 +3,10 @@ fails: reachable, host key known, login works, the remote shell and ``python3``,
 work root, CPU and memory, GPUs with driver and CUDA versions, round-trip latency.
 
 :func:`parse_report` (the remote check script's output -> facts and problems) is pure; the rest
-connects, through the same transport as every other command.
+connects, through the same transport as every other command.  What a host printed is kept as it
+came in the report (``--json`` escapes it); the table and the problem lines show every cell
+through the one sanitizer (:func:`ssh_scheduler.errors.plain_text`), measured after it, so a
+host's escape sequence neither reaches the terminal nor bends the columns.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from ssh_scheduler.errors import (
     HostKeyError,
     HostUnreachableError,
     TransportError,
+    plain_text,
 )
 from ssh_scheduler.machines.machine import Machine
 from ssh_scheduler.machines.machine_env import with_setup
@@ -208,12 +212,14 @@ def report_lines(reports: list[HostReport]) -> list[str]:
             r.setup or "-",
             f"{r.latency_ms:g} ms" if r.latency_ms is not None else "-",
         ))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    cells = [[plain_text(cell) for cell in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in cells]
     for r in reports:
+        host = plain_text(r.host)
         if r.slurm:
-            lines.append(f"{r.host}: a Slurm login node ({r.slurm}): sbatch, squeue, scancel and scontrol run")
-        lines.extend(f"{r.host}: {problem}" for problem in r.problems)
+            lines.append(f"{host}: a Slurm login node ({plain_text(r.slurm)}): sbatch, squeue, scancel and scontrol run")
+        lines.extend(f"{host}: {plain_text(problem)}" for problem in r.problems)
     return lines
 
 

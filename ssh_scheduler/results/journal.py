@@ -12,6 +12,7 @@ or planted journal must not steer them; a bad entry is one error naming the file
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import time
@@ -33,6 +34,7 @@ from ssh_scheduler.events import (
     JobRetrying,
     JobStarted,
 )
+from ssh_scheduler.results.untrusted import parse_json, read_untrusted
 
 JOURNAL_NAME = ".journal.jsonl"
 FSYNC_EVERY = 1.0
@@ -58,10 +60,11 @@ IN_FLIGHT = frozenset({JobState.PLACED, JobState.STARTED})
 KNOWN_STATES = frozenset(state.value for state in JobState)
 MAX_GPUS = 256  # entries in one job's GPU list, and the largest index + 1
 MAX_TEXT = 100_000  # characters in a recorded command or name
+MAX_JOURNAL_BYTES = 1 << 30  # a million jobs' lines, several times over
 
 
 def _number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _whole(value: object) -> bool:
@@ -93,6 +96,9 @@ _FIELD_CHECKS: dict[str, tuple[Any, str]] = {
     "command": (_text, "a command"),
     "code": (lambda v: v is None or _whole(v), "an exit status or null"),
     "timed_out": (lambda v: isinstance(v, bool), "true or false"),
+    "seconds": (lambda v: _number(v) and 0 <= v < 1e12, "a duration in seconds"),
+    "bytes": (lambda v: _whole(v) and 0 <= v < 1 << 62, "a byte count"),
+    "jobs": (lambda v: _whole(v) and 0 <= v < 1 << 62, "a job count"),
 }
 
 
@@ -101,7 +107,7 @@ def entry_problem(entry: object) -> str | None:
     if not isinstance(entry, dict):
         return "is not a JSON object"
     state = entry.get("state")
-    if state not in KNOWN_STATES:
+    if not isinstance(state, str) or state not in KNOWN_STATES:
         return f"has the unknown state {show_value(state, 40)}"
     if not isinstance(entry.get("job"), str):
         return "has no job name"
@@ -174,17 +180,18 @@ class JournalWriter:
 
 
 def read_journal(results_dir: Path) -> list[dict[str, Any]]:
+    """Every entry, checked; ``[]`` when there is no journal.  Whatever stands at its name (a
+    link, a FIFO, a folder, a file beyond :data:`MAX_JOURNAL_BYTES`) is one error line."""
     path = results_dir / JOURNAL_NAME
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+    data = read_untrusted(path, "the batch journal", MAX_JOURNAL_BYTES)
+    if data is None:
         return []
     entries = []
     for number, line in enumerate(data.split(b"\n"), start=1):
         if not line:
             continue
         try:
-            entry = json.loads(line)
+            entry = parse_json(line)
         except ValueError:
             continue  # a torn line from a crash mid-write
         problem = entry_problem(entry)

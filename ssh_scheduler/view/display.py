@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ssh_scheduler.errors import plain_text
 from ssh_scheduler.events import Event, HostProbed, JobCancelled, JobFailed, Notice
 from ssh_scheduler.view.terminal import Printer, TerminalLines
 
@@ -45,6 +46,7 @@ def plain_subscriber(out: Printer, err: Printer, verbosity: int = 0) -> Callable
     """The ancestor's lines.  ``verbosity`` -1 (``-q``): only failures and errors; 1 (``-v``):
     also every probe (the transfers and connections come through :func:`wire_logging`)."""
     lines = TerminalLines(out, err)
+    out, err = lines.out, lines.err  # sanitizing, for the lines of our own below too
 
     def subscriber(event: Event) -> None:
         if verbosity < 0 and not isinstance(event, JobFailed) and not (
@@ -80,7 +82,7 @@ class _ToPrinter(logging.Handler):
         self.err = err
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.err(f"{record.name.removeprefix('ssh_scheduler.')}: {record.getMessage()}")
+        self.err(plain_text(f"{record.name.removeprefix('ssh_scheduler.')}: {record.getMessage()}"))
 
 
 def _duration(seconds: float) -> str:
