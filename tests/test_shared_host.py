@@ -333,18 +333,23 @@ def test_cache_trust_is_by_hash_and_remembered(tmp_path: Path) -> None:
     forged = cache / cache_key(b"ours\n")
     forged.write_bytes(b"evil\n")  # same size, other bytes
     record = tmp_path / "trusted.json"
-    trust = hostguard.CacheTrust(str(cache), str(record))
-    assert trust.check(good.name, 5) and not trust.check(forged.name, 5)
-    assert not forged.exists()  # removed, to be uploaded again
-    assert not trust.check(cache_key(b"x"), None)  # absent
-    trust.save()
-    assert json.loads(record.read_text()) == {good.name: list(trust.known[good.name])}
-    # A later agent trusts it without hashing, until the file changes.
-    again = hostguard.CacheTrust(str(cache), str(record))
-    assert again.check(good.name, 5)
-    good.chmod(0o600)
-    good.write_bytes(b"bad!\n")
-    assert not hostguard.CacheTrust(str(cache), str(record)).check(good.name, 5)
+    cache_fd, record_dir = os.open(cache, os.O_RDONLY), os.open(tmp_path, os.O_RDONLY)
+    try:
+        trust = hostguard.CacheTrust(cache_fd, record_dir, record.name)
+        assert trust.check(good.name, 5) and not trust.check(forged.name, 5)
+        assert not forged.exists()  # removed, to be uploaded again
+        assert not trust.check(cache_key(b"x"), None)  # absent
+        trust.save()
+        assert json.loads(record.read_text()) == {good.name: list(trust.known[good.name])}
+        # A later agent trusts it without hashing, until the file changes.
+        again = hostguard.CacheTrust(cache_fd, record_dir, record.name)
+        assert again.check(good.name, 5)
+        good.chmod(0o600)
+        good.write_bytes(b"bad!\n")
+        assert not hostguard.CacheTrust(cache_fd, record_dir, record.name).check(good.name, 5)
+    finally:
+        os.close(cache_fd)
+        os.close(record_dir)
 
 
 @pytest.mark.parametrize("mode", [0o777, 0o770, 0o1777])
@@ -407,9 +412,12 @@ def test_files_are_created_private_and_never_through_a_planted_name(tmp_path: Pa
     target.write_text("ours\n")
     planted = tmp_path / "job.out"
     planted.symlink_to(target)
-    with pytest.raises(FileExistsError):
-        hostguard.create_private(str(planted), append=True)
-    assert target.read_text() == "ours\n"
-    fd = hostguard.create_private(str(tmp_path / "fresh.out"), append=True)
-    os.close(fd)
+    folder = os.open(tmp_path, os.O_RDONLY)
+    try:
+        with pytest.raises(FileExistsError):
+            hostguard.create_private(folder, planted.name, append=True)
+        assert target.read_text() == "ours\n"
+        os.close(hostguard.create_private(folder, "fresh.out", append=True))
+    finally:
+        os.close(folder)
     assert (tmp_path / "fresh.out").stat().st_mode & 0o777 == 0o600

@@ -78,6 +78,14 @@ class HostCache:
                     self._ready[f.key].set_result(None)
         await asyncio.gather(*(self._ready[key] for key in unique))
 
+    async def resend(self, files: Sequence[LocalFile]) -> None:
+        """Send these again: the host said they are gone from its cache (spoiled and removed)."""
+        for f in files:
+            ready = self._ready.get(f.key)
+            if ready is not None and ready.done():
+                del self._ready[f.key]
+        await self.ensure(files)
+
     async def _send(self, files: list[LocalFile]) -> None:
         """Small files many to a message through the agent (bulk.py), the rest by SFTP."""
         small = [f for f in files if f.size <= bulk.SMALL_FILE]

@@ -117,7 +117,13 @@ class BatchStart:
         slot_host = self.state.hosts[host]
         for name, running in jobs.items():
             slot = self.state.jobs.get(name)
-            entry = self.state.resumable.pop(name, None)
+            entry = self.state.resumable.get(name)
+            if entry is not None and entry.host == host:
+                del self.state.resumable[name]  # this host's to take up, once
+            else:
+                # A claim on a job the journal puts on another host (or on none): ended here,
+                # and the entry stays for the host that really holds it, whenever it answers.
+                entry = None
             if (
                 slot is None
                 or entry is None
