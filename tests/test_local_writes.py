@@ -17,12 +17,14 @@ import pytest
 
 from ssh_scheduler.coordinator.jobrun import OutputFiles
 from ssh_scheduler.errors import ConfigError, LocalWriteError
-from ssh_scheduler.events import Ended
+from ssh_scheduler.events import Ended, HostDown, JobFailed, JobRequeued, Stopping
+from ssh_scheduler.planner.actions import Commit, Discard, PlanOptions
 from ssh_scheduler.results.journal import JOURNAL_NAME, JobState, Journal, read_journal
 from ssh_scheduler.results.results_folder import LOCK_NAME, hold_results_folder
 from ssh_scheduler.results.summary import BatchSummary, JobOutcome
 from ssh_scheduler.view.display import summary_lines
 from tests.cluster import skip_or_fail
+from tests.test_plan_copyback import CPU, exit_, jobs, planner, said, started
 
 NOBODY = 65534
 
@@ -177,3 +179,27 @@ def test_the_summary_names_where_results_stay_and_only_files_that_exist(tmp_path
         f"  failed: kept (exit 0, not copied back on h1): results kept on h1:/w/jobs/t-kept; {tmp_path}/kept.err",
         "  failed: refused (cannot write on h2)",
     ]
+
+
+# --- what the planner makes of it ----------------------------------------------------------
+
+
+def test_a_local_failure_halts_the_batch_once_and_retries_nothing() -> None:
+    """Plain values: the planner's side of a full disk here."""
+    plan, actions = planner(jobs(4), PlanOptions(CPU, retries=2), cpus=1)  # one job at a time
+    assert started(actions) == ["j0"]
+    halt = plan.local_failure("no space left in job_results/: writing j0.out (No space left on device)")
+    assert [(s.how, s.reason) for s in said(halt, Stopping)] == [
+        ("halt", "no space left in job_results/: writing j0.out (No space left on device); no new jobs start")
+    ]
+    assert plan.local_failure("again") == []  # said once
+    # Its end: no retry (a retry would meet the same disk), no new job in the room it freed.
+    at_exit = exit_(plan, "j0", code=1)
+    assert [a for a in at_exit if isinstance(a, Discard)] == [] and started(at_exit) == []
+    assert any(isinstance(a, Commit) for a in at_exit)
+    at_commit = plan.job_committed("j0", Ended(1, message="no space left", kept_at="h0:/w/jobs/t-j0"))
+    (failed,) = said(at_commit, JobFailed)
+    assert (failed.code, failed.kept, failed.reason) == (1, "h0:/w/jobs/t-j0", "exit 1, not copied back")
+    assert started(at_commit) == [] and plan.done and plan.halted
+    assert plan.unfinished() == ["j1", "j2", "j3"]
+    assert said(halt + at_exit + at_commit, HostDown) == said(halt + at_exit + at_commit, JobRequeued) == []
