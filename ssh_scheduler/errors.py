@@ -108,5 +108,11 @@ class TransferError(SchedulerError):
     """A copy forward or back was refused or failed (unsafe name, limit exceeded, I/O error)."""
 
 
+class LocalWriteError(TransferError):
+    """Writing on this machine failed (a full disk, a quota, an unwritable results folder): the
+    batch's failure, never a host's.  Nothing new starts; what could not come home stays on its
+    host."""
+
+
 class ConflictError(SchedulerError):
     """combine_folders found the same path with different content."""

@@ -113,6 +113,7 @@ class Planner:
         self.start = BatchStart(self.state)
         self.halted = False
         self.cancelled = False
+        self.local_failed = False
         self.failures = 0
 
     # -- views ---------------------------------------------------------------------------------
@@ -318,7 +319,7 @@ class Planner:
                     job=job, host=host, command=slot.job.command, code=ended.code,
                     reason=ended.describe(), seconds=seconds, timed_out=ended.timed_out,
                     message=ended.message or "",
-                    bytes_received=bytes_received,
+                    bytes_received=bytes_received, kept=ended.kept_at or "",
                 )
             )
         )
@@ -408,6 +409,16 @@ class Planner:
             return [Say(Stopping(how="drain"))]
         self.cancelled = True
         return [Say(Stopping(how="kill")), *self._kill_running("stop"), StopBatch()]
+
+    def local_failure(self, reason: str) -> list[Action]:
+        """Writing on this machine failed (a full disk, the batch's copy-back budget spent): the
+        batch's failure, never a host's.  Nothing new starts (and nothing is retried); running
+        jobs finish, what they cannot bring home stays on their hosts.  Said once."""
+        if self.local_failed:
+            return []
+        self.local_failed = True
+        self.halted = self.state.draining = True
+        return [Say(Stopping(how="halt", reason=f"{reason}; no new jobs start"))]
 
     # -- control from another terminal (ssh-scheduler pause / resume / cancel) ----------------
 

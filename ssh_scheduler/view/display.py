@@ -121,7 +121,12 @@ def summary_lines(summary: BatchSummary, results_dir: Path) -> list[str]:
     ]
     for name in summary.failed:
         outcome = summary.outcomes[name]
-        lines.append(f"  failed: {name} ({outcome.ended.describe()} on {outcome.host}): {results_dir / (name + '.err')}")
+        # Where to look: what stayed on the host, and the .err, when there is one to read (a
+        # job refused before it ran, or whose output could not be written here, may have none).
+        err = results_dir / f"{name}.err"
+        where = [f"results kept on {outcome.ended.kept_at}"] if outcome.ended.kept_at else []
+        where += [str(err)] if err.is_file() and not err.is_symlink() else []
+        lines.append(f"  failed: {name} ({outcome.ended.describe()} on {outcome.host})" + (f": {'; '.join(where)}" if where else ""))
     for name in summary.cancelled_jobs:
         lines.append(f"  cancelled: {name}")
     if summary.skipped_failed:
