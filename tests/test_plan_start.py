@@ -25,7 +25,7 @@ from ssh_scheduler.planner.actions import Action, Commit, PlanOptions, Reprobe, 
 from ssh_scheduler.planner.phases import JobPhase
 from ssh_scheduler.planner.plan import Planner
 from ssh_scheduler.planner.policy import Resumable
-from tests.test_plan import record_moves
+from tests.test_plan import Said, record_moves
 
 CPU = Needs(cpus=1, memory_mb=100, gpus=0, gpu_memory_mb=0, reserve_gpu=False)
 
@@ -249,11 +249,13 @@ class Seen:
 
     def __init__(self, plan: Planner) -> None:
         self.plan = plan
+        self.said = Said(plan)
         self.running: set[str] = set()
         self.ends: Counter[str] = Counter()
         self.opened = 0
 
     def take(self, actions: list[Action]) -> None:
+        self.said.check(actions)
         for action in actions:
             if isinstance(action, StartJob):
                 assert action.job.name not in self.running
