@@ -95,7 +95,7 @@ class Said:
     """Checks what a replayed history's actions say, action by action: every event as ``--json``
     prints it matches the README's schema, a job is announced where it is started, a StartJob
     comes after its JobPlaced (or JobReattached) with the same host and GPUs, and a Waiting
-    names a job that waits and every usable host."""
+    names a job that waits and what each usable host has (or that every host is down)."""
 
     def __init__(self, plan: Planner) -> None:
         self.plan = plan
@@ -114,8 +114,11 @@ class Said:
                     assert event.command == self.plan.jobs[event.job].job.command
                 if isinstance(event, Waiting):
                     assert self.plan.phase(event.job) is JobPhase.QUEUED, event
-                    usable = [h for h, slot in self.plan.hosts.items() if slot.usable]
-                    assert all(f"{h}: " in event.reason for h in usable) and event.reason, event
+                    hosts = self.plan.hosts.values()
+                    reason = "; ".join(
+                        f"{h.name}: {h.resources.capacity_summary()}" for h in hosts if h.usable and h.resources
+                    ) or "; ".join(f"{h.name}: down" for h in hosts)
+                    assert event.reason == reason, event
                 if isinstance(event, JobRequeued | JobRetrying):
                     assert event.host in self.plan.hosts and event.job in self.plan.jobs
             elif isinstance(action, StartJob):
