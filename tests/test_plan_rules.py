@@ -64,7 +64,10 @@ def test_halt_is_reached_at_its_count_or_percent_never_before() -> None:
     ten = HaltPolicy("soon", percent=10.0)
     assert not ten.reached(1, 11) and ten.reached(1, 10) and ten.reached(2, 11)
     assert HaltPolicy("soon", percent=50.0).reached(1, 0)  # no jobs counts as one
+    assert HaltPolicy("soon", percent=100.0).reached(1, 1)  # one job: it failing is 100 %
+    assert not HaltPolicy("soon", percent=25.25).reached(1, 4)  # 25 % is not 25.25 %
     assert not HaltPolicy("soon").reached(5, 10)  # neither count nor percent: never
+    assert not HaltPolicy("never", count=1).reached(5, 10)  # never means never, whatever else it holds
 
 
 # -- --dry-run -------------------------------------------------------------------------------------
