@@ -3,9 +3,11 @@ here failed against at least one surviving mutant, and names the rule it pins.""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
-from ssh_scheduler.errors import ConfigError
+from ssh_scheduler.errors import ConfigError, UnsatisfiableError
 from ssh_scheduler.events import (
     Ended,
     HostBack,
@@ -17,9 +19,9 @@ from ssh_scheduler.events import (
     PlanLine,
 )
 from ssh_scheduler.jobs.batch_file import Job
-from ssh_scheduler.machines.host_state import OwnUsage
+from ssh_scheduler.machines.host_state import HostState, OwnUsage
 from ssh_scheduler.planner.actions import Cleanup, KillJob, PlanOptions, Reprobe, Revive
-from ssh_scheduler.planner.phases import JobPhase
+from ssh_scheduler.planner.phases import JobPhase, JobSlot, PlannerBug, move
 from ssh_scheduler.planner.plan import Planner
 from ssh_scheduler.planner.policy import HaltPolicy, parse_halt
 from tests.test_plan import CPU, DEFAULT, events, finish, host_state, jobs, planner, starts
@@ -84,6 +86,33 @@ def test_the_dry_run_places_as_if_jobs_ended_in_the_order_they_started() -> None
     ]
     assert all(isinstance(line, PlanLine) for line in lines)
     assert fresh.resources("h0").running == {}  # type: ignore[union-attr]  # left as it was
+    # A job that ended (here: cancelled before the batch opened) is skipped, not the end of the plan.
+    cancelled = Planner(jobs(5), [("h0", "h0"), ("h1", "h1")], PlanOptions(CPU))
+    for host in ("h0", "h1"):
+        cancelled.probe_landed(host, host_state(cpus=2))
+    cancelled.cancel("j0")
+    cancelled.begin("t")
+    assert [line.job for line in cancelled.dry_run()] == ["j1", "j2", "j3", "j4"]
+
+
+def test_a_dry_run_with_no_room_now_says_which_job_fits_nowhere() -> None:
+    plan = Planner(jobs(1), [("h0", "h0")], PlanOptions(CPU))
+    plan.probe_landed("h0", HostState(4, 0.0, 16000, 50, ()))  # other users hold the memory now
+    plan.begin("t")
+    with pytest.raises(UnsatisfiableError) as refused:
+        plan.dry_run()
+    assert str(refused.value) == "job j0 fits on no host"
+
+
+def test_an_illegal_move_names_the_moves_there_are() -> None:
+    slot = JobSlot(Job("j", "x", 1), phase=JobPhase.FINISHED, tally=Counter({JobPhase.FINISHED: 1}))
+    with pytest.raises(PlannerBug) as ended:
+        move(slot, JobPhase.RUNNING)
+    assert str(ended.value) == "bug: job j cannot go from finished to running (from finished: none: it ended)"
+    slot = JobSlot(Job("j", "x", 1), phase=JobPhase.COPYING, tally=Counter({JobPhase.COPYING: 1}))
+    with pytest.raises(PlannerBug) as copying:
+        move(slot, JobPhase.QUEUED)
+    assert str(copying.value).endswith("(from copying: finished, failed, cancelled)")
 
 
 # -- hosts -----------------------------------------------------------------------------------------
