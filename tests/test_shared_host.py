@@ -45,14 +45,18 @@ def start_batch(cwd: Path, *args: str) -> subprocess.Popen[str]:
     )
 
 
-def wait_for_lines(proc: subprocess.Popen[str], prefix: str, count: int, timeout: float = 60) -> list[str]:
-    """Read stdout until ``count`` lines start with ``prefix`` (the timeout only stops a hang)."""
-    assert proc.stdout is not None
+def wait_for_lines(
+    proc: subprocess.Popen[str], prefix: str, count: int, timeout: float = 60, stream: str = "stdout"
+) -> list[str]:
+    """Read ``stream`` until ``count`` lines start with ``prefix`` (the timeout only stops a hang);
+    the lines read."""
+    pipe = proc.stdout if stream == "stdout" else proc.stderr
+    assert pipe is not None
     seen: list[str] = []
     deadline = time.monotonic() + timeout
     while len([s for s in seen if s.startswith(prefix)]) < count:
         assert time.monotonic() < deadline, f"no {prefix!r} line came: {seen}"
-        line = proc.stdout.readline()
+        line = pipe.readline()
         assert line, f"batch ended early: {seen}"
         seen.append(line)
     return seen
@@ -239,10 +243,11 @@ def test_ctrl_c_twice_leaves_no_process(cluster4: Cluster, tmp_path: Path) -> No
     host = cluster4["h1"]
     proc = start_escaping_job(tmp_path, host, 611)
     os.killpg(proc.pid, signal.SIGINT)
-    time.sleep(0.5)
+    # The second Ctrl-C once the first was heard (the batch says it drains), not after a guess.
+    heard = wait_for_lines(proc, "stopping: ", 1, stream="stderr")
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
+    assert proc.returncode == 130, "".join(heard) + err
     assert wait_until(lambda: batch_processes(host) == [], 15), batch_processes(host)
 
 

@@ -384,12 +384,12 @@ class Planner:
     ) -> list[Action]:
         """A revived host answered again and was probed."""
         slot = self.hosts[host]
-        self.state.probes.landed(host, now)
         slot.reviving = False
         slot.down = None
         slot.resources = MachineResources(host, state)
         if own:
             slot.resources.update(state, own)
+        self.state.probes.landed(host, now, slot.resources.gpus_held_by_others)
         actions: list[Action] = [Say(HostBack(host=host))]
         # Whatever it still runs for us was requeued elsewhere when it was lost: end it there.
         for name in agent_jobs or ():

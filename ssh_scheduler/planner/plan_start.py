@@ -85,11 +85,11 @@ class BatchStart:
     ) -> list[Action]:
         """A probe of ``host`` landed (see :meth:`~ssh_scheduler.planner.plan.Planner.probe_landed`)."""
         slot = self.state.hosts[host]
-        self.state.probes.landed(host, now)
         if slot.resources is None:
             slot.resources = MachineResources(host, state)
         else:
             slot.resources.update(state, own or {}, generation)
+        self.state.probes.landed(host, now, slot.resources.gpus_held_by_others)
         if slot.answered:
             return dispatch(self.state)
         slot.answered = True
