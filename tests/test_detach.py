@@ -380,7 +380,7 @@ def test_the_batch_outlives_the_terminal_session_that_started_it(tmp_path: Path)
         stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, start_new_session=True,
     )
     os.close(slave)
-    drawn = _read_until(master, b"done: 1 finished").decode(errors="replace")
+    drawn = _read_until(master, b"report: ssh-scheduler report").decode(errors="replace")  # its last line
     os.close(master)
     assert viewer.wait(timeout=30) == 0
     assert "finished: b.sh.1; " in drawn and "done: 1 finished, 0 failed" in drawn
