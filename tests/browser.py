@@ -116,9 +116,9 @@ def _high_pipe() -> tuple[int, int]:
 
 
 @contextlib.contextmanager
-def open_page(path: Path, *, isolated_network: bool = True, width: int = 1400) -> Iterator[Page]:
-    """``path`` loaded in a fresh headless Chromium (its own profile, in a network namespace of
-    its own when ``isolated_network``: as root, through ``unshare --net``), drawn, ready."""
+def open_page(path: Path, *, width: int = 1400) -> Iterator[Page]:
+    """``path`` loaded in a fresh headless Chromium (its own profile; as root, in a network
+    namespace of its own with nothing in it: ``unshare --net``), drawn, ready."""
     binary = browser()
     assert binary is not None, "no Chromium: scripts/test installs chromium-headless-shell"
     # The browser's ends go to fds 3 and 4 in the child: keep ours above them meanwhile.
@@ -131,7 +131,7 @@ def open_page(path: Path, *, isolated_network: bool = True, width: int = 1400) -
         "--disable-component-update", "--disable-default-apps", "--disable-sync", "--hide-scrollbars",
         f"--window-size={width},900", "about:blank",
     ]
-    if isolated_network:
+    if os.geteuid() == 0:
         argv = ["unshare", "--net", "--", *argv]
 
     def plumb() -> None:  # the pipe's ends as the browser expects them: fd 3 in, fd 4 out

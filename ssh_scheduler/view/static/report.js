@@ -175,7 +175,7 @@
         return;
       }
       const el = svg("rect", { x: x0, y: top, width: Math.max(x1 - x0, 1), height: Math.max(rh - (rh > 3 ? 2 : 0), 1),
-        fill: COLOR[o], class: "bar o-" + o, "data-a": i, "data-n": 1 }, layer);
+        fill: COLOR[o], class: "bar o-" + o, "data-a": i, "data-l": lane, "data-n": 1 }, layer);
       prev = { lane, row, o, x0, x1: Math.max(x1, x0 + 1), n: 1, el };
     });
     D.hostChanges.forEach((c, k) => {
