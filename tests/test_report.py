@@ -380,3 +380,13 @@ def test_twenty_thousand_jobs_make_a_page_in_seconds(tmp_path: Path) -> None:
     took = time.monotonic() - began
     print(f"20,000 jobs: {len(page) / 1e6:.1f} MB page in {took:.1f} s")
     assert 1e6 < len(page) < 12e6 and page.count('"j.19999"') == 1
+
+
+def test_lanes_follow_the_order_the_machines_were_given_not_which_answered_first(tmp_path: Path) -> None:
+    write_events(tmp_path, [
+        probe(0, "h2", GpuReading(0, 0, 100, 0.0)), probe(0.1, "h9"), probe(0.2, "h1", GpuReading(0, 0, 100, 0.0)),
+        BatchStarted(token="t", jobs=1, hosts=("h1", "h2"), t=T0 + 1),
+    ])
+    history = read_history(tmp_path, running=False, now=T0)
+    assert history.hosts == ["h1", "h2", "h9"]
+    assert [lane["name"] for lane in report_data(history, title="x")["lanes"]] == ["h1 GPU 0", "h2 GPU 0", "h9"]

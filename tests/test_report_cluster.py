@@ -118,6 +118,8 @@ def test_the_report_of_a_real_batch_draws_every_attempt_and_fetches_nothing(make
         assert min(others) >= 5000 and max(gpu0["ours"]) >= 3000  # the other user's, and ours by pid
         assert max(mb for _, mb in gpu0["reserved"]) == 8000 and gpu0["total"] == 16384
         assert page.evaluate("document.querySelectorAll('line.hc-down').length") >= 1  # h2's loss
+        lost = next(g for g in data["gpus"] if g["host"] == h2.name)
+        assert max(lost["ours"]) >= 3000 and lost["until"] is not None  # its last reading ends with it
 
         failed = next(i for i, o in enumerate(attempts["outcome"]) if data["outcomes"][o] == "failed")
         job = attempts["job"][failed]

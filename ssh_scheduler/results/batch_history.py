@@ -226,6 +226,7 @@ class Fold:
         self.history = history
         self.earlier = earlier
         self.open: dict[str, Attempt] = {}
+        self.listed_hosts: dict[str, None] = {}  # the batch's machines, in the order given
         self.seen_hosts: dict[str, None] = {}
         self.finished = False
         self.last_t: float | None = None
@@ -273,7 +274,7 @@ class Fold:
         jobs = fields.whole("jobs", None)
         history.jobs = jobs if jobs is None or jobs >= 0 else None
         for name in fields.texts("hosts"):
-            self.seen_hosts.setdefault(name, None)
+            self.listed_hosts.setdefault(name, None)
 
     def host_probed(self, fields: Fields, t: float) -> None:
         self.history.probes.append(Probe(t, self.host(fields), fields.readings()))
@@ -371,7 +372,7 @@ class Fold:
     def close(self, running: bool) -> None:
         """The run as it stands: still running, finished, or stopped without an end."""
         history = self.history
-        history.hosts = list(self.seen_hosts)
+        history.hosts = list({**self.listed_hosts, **self.seen_hosts})
         if running:
             history.state = "running"
             return

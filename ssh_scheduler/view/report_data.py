@@ -192,6 +192,9 @@ def _gpus(history: BatchHistory, ends: list[float], t0: float) -> list[dict[str,
                 holding.append(0)
             reserved[-1], holding[-1] = level, count
         total = max((s[2] for s in samples), default=0)
+        # A host lost after its last probe: what that probe read ends there, not at the end.
+        last = samples[-1][0] if samples else None
+        until = next((c.t for c in history.host_changes if c.host == key[0] and c.what == "down" and last is not None and c.t >= last), None)
         peak = idle = held = 0
         for t, used, _, util, ours in samples:
             at = bisect_right(times, t) - 1
@@ -208,6 +211,7 @@ def _gpus(history: BatchHistory, ends: list[float], t0: float) -> list[dict[str,
             "ours": [s[4] for s in samples],
             "util": [round(s[3] * 100) for s in samples],
             "reserved": [[_r(t - t0), mb] for t, mb in zip(times, reserved, strict=True)],
+            "until": None if until is None else _r(until - t0),
             "peak": peak,
             "over": bool(total) and peak > total,
             "idleHeld": round(idle / held, 3) if held else None,

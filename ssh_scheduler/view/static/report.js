@@ -243,13 +243,14 @@
         " \u00b7 peak reserved + others' " + g.peak + " MiB" + (g.over ? " \u00b7 OVER-COMMITTED" : "") +
         (g.idleHeld !== null ? " \u00b7 idle " + pct(g.idleHeld) + " of the probes while we held it" : "");
       if (g.over) label.setAttribute("class", "lane-label over");
+      const stop = g.until === null ? v1 : Math.min(g.until, v1);  // a lost host's last reading ends with it
       const area = (lo, hi) => { if (!g.t.length) return ""; let d = "M" + x(g.t[0]) + "," + y(lo[0]);
-        g.t.forEach((t, k) => { d += "H" + x(t) + "V" + y(hi[k]); }); d += "H" + x(v1);
+        g.t.forEach((t, k) => { d += "H" + x(t) + "V" + y(hi[k]); }); d += "H" + x(stop);
         for (let k = g.t.length - 1; k >= 0; k--) d += "V" + y(lo[k]) + "H" + x(g.t[k]); return d + "Z"; };
       svg("path", { d: area(g.t.map(() => 0), g.ours), class: "ours" }, root);
       svg("path", { d: area(g.ours, g.used), class: "others" }, root);
       if (g.total) svg("line", { x1: L, x2: L + P, y1: y(g.total), y2: y(g.total), class: "size" }, root);
-      svg("path", { d: steps(g.t, g.util, x, yu, v1), class: "util" }, root);
+      svg("path", { d: steps(g.t, g.util, x, yu, stop), class: "util" }, root);
       svg("path", { d: steps(g.reserved.map(r => r[0]), g.reserved.map(r => r[1]), x, y, v1), class: "reserved" }, root);
       svg("text", { x: 6, y: 34, class: "axis-note" }, root).textContent = top + " MiB";
       svg("text", { x: 6, y: 18 + H, class: "axis-note" }, root).textContent = "0";
