@@ -85,6 +85,7 @@ def test_a_detached_batch_while_it_runs_and_once_it_ended(tmp_path: Path) -> Non
     pid = coordinator_pid(tmp_path)
     try:
         _wait_for_journal(tmp_path, lambda e: e.get("state") == "failed")
+        assert "  detached: its log is job_results/.coordinator.log" in cli_run(tmp_path, "status").stdout
         snapshot = cli_run(tmp_path, "report", "-o", "running.html")
         assert snapshot.returncode == 0 and snapshot.stdout.endswith("; a snapshot: the batch runs on)\n"), snapshot
         with open_page(tmp_path / "running.html") as page:
@@ -113,6 +114,8 @@ def test_a_killed_batch_is_drawn_up_to_what_it_recorded(tmp_path: Path) -> None:
     try:
         _wait_for_journal(tmp_path, lambda e: e.get("state") == "finished")
         _wait_for_journal(tmp_path, lambda e: e.get("state") == "started" and e.get("command") == "exec sleep 300")
+        status = cli_run(tmp_path, "status")  # it keeps an event file too, but it is no detached run
+        assert status.stdout.startswith("job_results: running") and "detached" not in status.stdout, status
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the coordinator and its local agent, as a crash would
         proc.wait()

@@ -123,7 +123,7 @@ class CoordinatorSession:
         self.log_max_bytes = log_max_bytes
         self.out_fds = out_fds
         self.under_way = False
-        self.events = EventLog(results_dir)
+        self.events = EventLog(results_dir, detached=True)
         os.set_inheritable(status_fd, False)  # jobs and agents must not hold the parent waiting
 
     @classmethod

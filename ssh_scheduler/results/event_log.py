@@ -1,5 +1,5 @@
 """The batch's event file, ``job_results/.events.jsonl``: every event of a run as its ``--json``
-line, between a first record ``{"event": "coordinator", "pid", "host"}`` and a last one
+line, between a first record ``{"event": "coordinator", "pid", "host", "detached"}`` and a last one
 ``{"event": "coordinator_exit", "code", "lines"}`` (the exit status and the summary lines).
 
 Every run keeps one, in the foreground (the CLI subscribes an :class:`EventLog`) or detached
@@ -79,9 +79,13 @@ class ProbeThinning:
         return True
 
 
-def events_header(pid: int) -> dict[str, Any]:
-    """The file's first record: which coordinator writes it (``attach`` watches that pid)."""
-    return {"version": EVENT_VERSION, "event": HEADER_EVENT, "t": round(time.time(), 3), "pid": pid, "host": socket.gethostname()}
+def events_header(pid: int, *, detached: bool) -> dict[str, Any]:
+    """The file's first record: which coordinator writes it (``attach`` watches that pid), and
+    whether it is a detached one (``status`` then points at its log)."""
+    return {
+        "version": EVENT_VERSION, "event": HEADER_EVENT, "t": round(time.time(), 3), "pid": pid,
+        "host": socket.gethostname(), "detached": detached,
+    }
 
 
 def _line(record: dict[str, Any]) -> bytes:
@@ -93,9 +97,12 @@ class EventLog:
     end writes the exit record: ``end()``'s exit status and lines when the run ended, else the
     error that ended it."""
 
-    def __init__(self, results_dir: Path, end: Callable[[], tuple[int, list[str]]] | None = None) -> None:
+    def __init__(
+        self, results_dir: Path, end: Callable[[], tuple[int, list[str]]] | None = None, *, detached: bool = False
+    ) -> None:
         self.results_dir = results_dir
         self.end = end
+        self.detached = detached
         self.under_way = False
         self._early: list[bytes] = []
         self._fd: int | None = None
@@ -126,7 +133,7 @@ class EventLog:
         except OSError as exc:
             log.warning("cannot write %s (%s): attach and report will not see this batch", path, exc.strerror or exc)
             return
-        self._write(_line(events_header(os.getpid())) + b"".join(early))
+        self._write(_line(events_header(os.getpid(), detached=self.detached)) + b"".join(early))
 
     def _write(self, data: bytes) -> None:
         if self._fd is None:
