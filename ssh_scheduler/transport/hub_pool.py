@@ -159,7 +159,7 @@ class Pool:
                 continue
             held.lent = True
             self._stop_timer(held)
-            if held.fresh() and await held.transport.answers(ANSWER_TIMEOUT):
+            if held.fresh() and await answers(held.transport, ANSWER_TIMEOUT):
                 held.uses += 1
                 held.transport.machine = machine  # its name in messages, its workdir
                 return held, True
@@ -239,3 +239,16 @@ class Pool:
         for task in list(self._closing):
             task.cancel()
         await asyncio.gather(*self._closing, return_exceptions=True)
+
+
+async def answers(transport: SSHTransport, timeout: float) -> bool:
+    """Does the host still answer on this connection (one round trip, an OpenSSH keepalive
+    request)?  A crashed or cut host must not be handed out as a warm connection."""
+    request = getattr(transport.conn, "_make_global_request", None)
+    if request is None:  # another asyncssh: its own keepalives decide
+        return not transport.conn.is_closed()
+    try:
+        await asyncio.wait_for(request(b"keepalive@openssh.com"), timeout)
+    except Exception:  # no answer in time, or the connection broke meanwhile
+        return False
+    return not transport.conn.is_closed()

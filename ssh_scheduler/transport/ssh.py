@@ -424,18 +424,6 @@ class SSHTransport:
             status = 128 + _signal_number(signame) if signame else 255
         return ExecResult(status, out, err)
 
-    async def answers(self, timeout: float) -> bool:
-        """Does the host still answer on this connection (one round trip, an OpenSSH keepalive
-        request)?  A crashed or cut host must not be handed out as a warm connection."""
-        request = getattr(self.conn, "_make_global_request", None)
-        if request is None:  # another asyncssh: its own keepalives decide
-            return not self.conn.is_closed()
-        try:
-            await asyncio.wait_for(request(b"keepalive@openssh.com"), timeout)
-        except Exception:  # no answer in time, or the connection broke meanwhile
-            return False
-        return not self.conn.is_closed()
-
     async def close(self) -> None:
         if self._sftp is not None:
             self._sftp.exit()
