@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import json
 import os
 import random
@@ -66,6 +67,9 @@ def test_an_error_crosses_the_socket_as_the_same_class_and_line() -> None:
     for exc in (HostKeyError("h1: HOST KEY CHANGED: ..."), AuthenticationError("denied"), SizeLimitExceeded("/x", 5)):
         again = error_from_json(json.loads(json.dumps(error_json(exc))))
         assert type(again) is type(exc) and str(again) == str(exc)
+    # Writing a download here failed (a full disk): the caller must tell it from the host's fault.
+    full = error_from_json(json.loads(json.dumps(error_json(OSError(errno.ENOSPC, "No space left on device")))))
+    assert type(full) is OSError and (full.errno, full.strerror) == (errno.ENOSPC, "No space left on device")
     other = error_from_json(error_json(RuntimeError("boom")))  # not ours: a lost connection
     assert isinstance(other, ConnectionLostError) and "boom" in str(other)
     assert isinstance(error_from_json("nonsense"), ConnectionLostError)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import os
 import pwd
 import shutil
@@ -165,6 +166,19 @@ async def test_what_goes_through_the_hub_is_what_a_direct_connection_does(cluste
     finally:
         await transport.close()
     until(lambda: "sleep 301.7" not in host.run(f"pgrep -a -u {host.user} sleep").stdout, "the cancelled sleep was killed")
+    # A download whose writing here fails (a full disk) is this machine's OSError, as it is
+    # directly: a copy-back tells it from the host's fault (executors/transfer.py).
+    for machine in (warm, direct):
+        transport = await connect(machine)
+        fd = os.open("/dev/full", os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            assert (await transport.exec("printf data > hub-full.txt")).exit_code == 0
+            with pytest.raises(OSError) as failed:
+                await transport.download("hub-full.txt", fd, 1 << 20)
+            assert failed.value.errno == errno.ENOSPC
+        finally:
+            os.close(fd)
+            await transport.close()
 
 
 # --- another user -----------------------------------------------------------------------------------

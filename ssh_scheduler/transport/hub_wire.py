@@ -284,10 +284,14 @@ _ERRORS: dict[str, type[Exception]] = {
 }
 
 
-def error_json(exc: BaseException) -> dict[str, str]:
-    """An error to send: our own errors by class, anything else as a lost connection."""
+def error_json(exc: BaseException) -> dict[str, Any]:
+    """An error to send: our own errors by class; an OSError with its errno (writing a download
+    into the client's descriptor failed: a full disk here, which the client must tell from the
+    host's fault, as it does without the hub); anything else as a lost connection."""
     if type(exc).__name__ in _ERRORS and isinstance(exc, errors.SchedulerError):
         return {"error": type(exc).__name__, "message": str(exc)}
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return {"error": "OSError", "errno": exc.errno, "message": exc.strerror or str(exc)}
     return {"error": "ConnectionLostError", "message": f"the connection hub failed: {type(exc).__name__}: {exc}"}
 
 
@@ -295,6 +299,8 @@ def error_from_json(data: object) -> Exception:
     """The error :func:`error_json` sent, as the same class with the same one-line message."""
     if not isinstance(data, dict):
         return errors.ConnectionLostError("the connection hub sent a malformed answer")
+    if data.get("error") == "OSError" and isinstance(data.get("errno"), int):
+        return OSError(data["errno"], str(data.get("message", "")))
     cls = _ERRORS.get(str(data.get("error")), errors.TransportError)
     exc = cls.__new__(cls)
     Exception.__init__(exc, str(data.get("message", "")))
