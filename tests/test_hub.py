@@ -337,3 +337,42 @@ def test_lines_come_out_whole_however_the_stream_is_cut() -> None:
             got += lines.feed(text[at : at + step])
             at += step
         assert got == text.split(b"\n")[:-1] and lines.pending
+
+
+def test_an_endless_line_is_never_held() -> None:
+    lines = hub_agent.WholeLines(10)
+    assert lines.feed(b"abc\n0123456789X") == [b"abc"] and lines.overflowed and not lines.pending
+    assert lines.feed(b"\nmore\n") == []  # what follows is relayed, no longer read as lines
+    unbounded = hub_agent.WholeLines()
+    assert unbounded.feed(b"y" * 100_000) == [] and unbounded.feed(b"\n") == [b"y" * 100_000]
+
+
+async def test_an_agent_line_past_the_limit_means_the_agent_is_not_kept(client_pair: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hub_agent, "QUIET_WAIT", 0.3)
+    monkeypatch.setattr(P, "MAX_LINE", 1000)
+    agent = ScriptedAgent()
+    link = AgentLink(agent.process(), "~/w", keepable=True, on_end=lambda _: None)
+    hello = line(P.HelloReply(id=1, pid=7, root="/w", python="3.11"))
+    ended = await session(link, client_pair, agent, [line(P.Hello(id=1, lease=8.0)), line(P.Bye())], [hello, b"x" * 3000])
+    # Everything asked was answered, but the hub stopped reading the agent's lines: not kept,
+    # ended as the session asked (bye).
+    assert ended == {"status": 0, "stderr": ""}  # the client saw the agent's end, as directly
+    assert not link.kept and agent.closed and agent.requests()[-1]["op"] == "bye"
+
+
+async def test_a_session_going_on_after_bye_reaches_the_agent_whole(client_pair: Any) -> None:
+    agent = ScriptedAgent()
+    link = AgentLink(agent.process(), "~/w", keepable=True, on_end=lambda _: None)
+    (hub_r, hub_w), (_, cli_w) = await client_pair()
+    served = asyncio.create_task(link.serve(hub_r, hub_w))
+    hello, after, last = line(P.Hello(id=1, lease=8.0)), line(P.Ping()), line(P.Probe(id=3, cmd="true"))
+    cli_w.write(hello + line(P.Bye()) + after + last[:7])  # a line cut where the relay turns raw
+    await cli_w.drain()
+    await asyncio.sleep(0.05)
+    cli_w.write(last[7:])
+    await cli_w.drain()
+    await asyncio.sleep(0.05)
+    cli_w.write_eof()
+    await asyncio.wait_for(served, 10)
+    hub_w.close()
+    assert bytes(agent.written) == hello + after + last + line(P.Bye()) and not link.kept

@@ -70,7 +70,7 @@ class AgentLink:
     # -- agent -> client -------------------------------------------------------------------------
     async def _read_agent(self) -> None:
         stdout = self.agent.stdout
-        lines = WholeLines()
+        lines = WholeLines(P.MAX_LINE)
         try:
             while True:
                 chunk = await stdout.read_chunk() if isinstance(stdout, BoundedLines) else await stdout.readline()
@@ -79,6 +79,8 @@ class AgentLink:
                 if self.keepable:
                     for line in lines.feed(chunk):
                         self._answered(line)
+                    if lines.overflowed:  # past the protocol's limit: the client loses the host
+                        self.keepable = False
                 client = self.client
                 if client is not None:
                     with contextlib.suppress(ConnectionError, RuntimeError):
@@ -153,8 +155,8 @@ class AgentLink:
                 chunk = await reader.read(CHUNK)
                 if not chunk:
                     break
-                if not self.keepable:
-                    self.agent.write(chunk)
+                if not self.keepable:  # relayed as it comes (with a line begun before)
+                    self.agent.write(lines.take() + chunk)
                     await self.agent.drain()
                     continue
                 forward = []
@@ -224,24 +226,38 @@ class AgentLink:
 
 class WholeLines:
     """Whole lines out of a byte stream's chunks (a line may span many: a listing of 10^5
-    entries is one line)."""
+    entries is one line).  With a ``limit`` (the agent's side: a host's endless line is never
+    held here, and the client's own reader refuses it, transport/lines.py) a line held past it
+    is dropped: ``overflowed``, and no more lines.  The client's side, our own uid's requests,
+    has none."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int | None = None) -> None:
         self._buf = bytearray()
+        self._limit = limit
+        self.overflowed = False
 
     @property
     def pending(self) -> bool:
         return bool(self._buf)
 
+    def take(self) -> bytes:
+        """The part of a line held now, handed over (the stream goes on unparsed)."""
+        held, self._buf = bytes(self._buf), bytearray()
+        return held
+
     def feed(self, chunk: bytes) -> list[bytes]:
+        if self.overflowed:
+            return []
         start = len(self._buf)
         self._buf += chunk
-        if chunk.find(b"\n") < 0:
-            return []
         out = []
-        begin = 0
-        while (nl := self._buf.find(b"\n", max(begin, start))) >= 0:
-            out.append(bytes(self._buf[begin:nl]))
-            begin = start = nl + 1
-        del self._buf[:begin]
+        if chunk.find(b"\n") >= 0:
+            begin = 0
+            while (nl := self._buf.find(b"\n", max(begin, start))) >= 0:
+                out.append(bytes(self._buf[begin:nl]))
+                begin = start = nl + 1
+            del self._buf[:begin]
+        if self._limit is not None and len(self._buf) > self._limit:
+            self.overflowed = True
+            self._buf = bytearray()
         return out
