@@ -13,6 +13,7 @@ from typing import Any
 
 from ssh_scheduler.errors import ConfigError, ProbeError, TransportError
 from ssh_scheduler.executors.base import OutputSink, RunRequest, shell_line
+from ssh_scheduler.executors.python_call import work_inputs
 from ssh_scheduler.executors.session import DEFAULT_LEASE, HostSession, JobExit
 from ssh_scheduler.executors.stage_plan import StagePlan
 from ssh_scheduler.executors.transfer import (
@@ -82,16 +83,17 @@ class AgentExecutor:
         # work: it runs from here, as far as the coordinator can tell (--timeout counts from here).
         request.on_started("")
         jobdir = request.jobdir
+        staged = await work_inputs(self.cache, request)  # a Python call's runner and pickle too
         return await self.session.run(
             request.name,
-            shell_line(request),
+            shell_line(request, self.machine.python),
             cwd=jobdir,
             env=request.env,
             # Output is also kept on the host, so a coordinator that reattaches catches up.
             out_path=f"{jobdir}.out" if request.keep_output else None,
             err_path=f"{jobdir}.err" if request.keep_output else None,
             on_output=on_output,
-            stage=request.staged,
+            stage=staged,
             # The results listing comes with the exit (a round trip saved): of the paths to bring
             # back, or of what the job created or changed.
             results=list(request.copy_backwards or ()) or None,
