@@ -16,13 +16,15 @@ from ssh_scheduler.events import (
     JobFailed,
     JobFinished,
     JobNotRun,
+    JobReattached,
     JobsAdded,
 )
 from ssh_scheduler.jobs.batch_file import Job
 from ssh_scheduler.jobs.needs import Needs, NeedsOverride
-from ssh_scheduler.planner.actions import Action, Commit, KillJob, PlanOptions
+from ssh_scheduler.planner.actions import Action, Cleanup, Commit, KillJob, PlanOptions
 from ssh_scheduler.planner.phases import FINAL_PHASES, JobPhase
 from ssh_scheduler.planner.plan import Planner
+from ssh_scheduler.planner.policy import Resumable
 from tests.test_plan import CPU, events, host_state, record_moves, starts
 
 OPTIONS = PlanOptions(CPU)
@@ -151,6 +153,22 @@ def test_an_added_job_takes_the_batchs_needs_as_settled_at_the_opening() -> None
     plan.begin("token")
     actions = plan.jobs_added([job("a")])
     assert [s.job.name for s in starts(actions)] == ["a"] and plan.jobs["a"].needs.gpus == 0
+
+
+def test_a_job_an_earlier_run_left_running_is_taken_up_when_it_joins_and_ended_if_it_never_does() -> None:
+    """A script killed while its calls ran, run again: the host's agent still runs them.  A call
+    that joins again is taken up there (not run twice); one that never joins is ended at the
+    close; what no journal names is ended at once."""
+    left = {name: Resumable(name, "h0", ()) for name in ("again", "gone")}
+    plan = Planner([], [("h0", "h0")], OPTIONS, resumable=left, open=True)
+    plan.probe_landed("h0", host_state(4), agent_jobs={"again": True, "gone": False, "stranger": True})
+    opened = plan.begin("token")
+    assert [a for a in opened if isinstance(a, Cleanup)] == [Cleanup("h0", "stranger")]
+    joined = plan.jobs_added([job("again"), job("new")])
+    (taken,) = events(joined, JobReattached)
+    assert (taken.job, taken.running) == ("again", True)
+    assert [(s.job.name, s.resume) for s in starts(joined)] == [("again", True), ("new", False)]
+    assert plan.close() == [Cleanup("h0", "gone")]
 
 
 def test_stopping_an_open_batch_ends_it_once_nothing_runs() -> None:

@@ -141,7 +141,7 @@ class Batch:
                 options.needs, options.gpus_explicit, options.retries, options.timeout, options.halt,
                 options.quarantine_after, options.probe_interval,
             ),
-            resumable=selection.resumable,
+            resumable={**self._selector.left_running(), **selection.resumable} if self.open else selection.resumable,
             already_done=selection.already_done,
             open=not self._closed,
         )

@@ -28,7 +28,7 @@ from ssh_scheduler.jobs.forward import ForwardPolicy
 from ssh_scheduler.jobs.needs import Needs, flag_needs
 from ssh_scheduler.jobs.options import destined
 from ssh_scheduler.planner.policy import HaltPolicy, Resumable, parse_halt
-from ssh_scheduler.results.journal import JobState, batch_token, last_states
+from ssh_scheduler.results.journal import IN_FLIGHT, JobState, batch_token, last_states
 from ssh_scheduler.results.resume import changed_commands, in_flight
 
 __all__ = ["BatchOptions", "Selection", "Selector", "batch_options", "select_jobs", "set_aside"]
@@ -158,3 +158,12 @@ class Selector:
                 f"--allow-changed to run the new commands, or use another --results-dir"
             )
         return Selection(pending, self.token, in_flight(pending, last), done)
+
+    def left_running(self) -> dict[str, Resumable]:
+        """Every job the journal says an earlier run placed or started and never saw end
+        (an open batch: their jobs may join later, to be taken up where they run)."""
+        return {
+            name: Resumable(name, str(entry["host"]), tuple(int(g) for g in entry.get("gpus") or ()))
+            for name, entry in self.last.items()
+            if entry.get("state") in IN_FLIGHT and entry.get("host") and name not in self.existing
+        }

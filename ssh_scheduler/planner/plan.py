@@ -242,9 +242,10 @@ class Planner:
         return self.start.jobs_added(jobs)
 
     def close(self) -> list[Action]:
-        """No more jobs come: the batch is done once what it holds has ended."""
+        """No more jobs come: the batch is done once what it holds has ended; what an earlier
+        run left on the hosts for jobs that did not join is ended there."""
         self.state.open = False
-        return []
+        return self.start.release_held()
 
     def job_started(self, job: str, now: float, slurm_job: str = "") -> list[Action]:
         """The job's inputs are on its host and its command is about to run (or, on a Slurm

@@ -30,6 +30,7 @@ from ssh_scheduler.planner.allocate import MachineResources, max_concurrent
 from ssh_scheduler.planner.dispatch import dispatch
 from ssh_scheduler.planner.explain import explain_unfit
 from ssh_scheduler.planner.phases import JobPhase, JobSlot, move
+from ssh_scheduler.planner.policy import Resumable
 from ssh_scheduler.planner.state import PlanState
 
 __all__ = ["BatchStart"]
@@ -49,6 +50,9 @@ class BatchStart:
         # taken up there rather than started twice.
         self._held: dict[str, list[JobSlot]] = {}
         self._found: dict[str, Mapping[str, bool]] = {}  # agent jobs of hosts that answered early
+        # An open batch: jobs an earlier run left on a host, kept there for their job to join
+        # (taken up then, not run twice); those that never join are ended at the close.
+        self._adoptable: dict[str, tuple[str, bool, Resumable]] = {}
 
     # -- views ---------------------------------------------------------------------------------
 
@@ -136,9 +140,18 @@ class BatchStart:
             slot.needs = slot.job.needs.apply(state.base_needs) if not slot.job.needs.empty else state.base_needs
             if not any(m.could_ever_fit(slot.needs) for m in state.usable()):
                 self._unresolved.add(slot.needs)
-            if slot.phase is JobPhase.QUEUED:
+            held = self._adoptable.pop(slot.job.name, None)
+            if held is not None and slot.phase is JobPhase.QUEUED and state.hosts[held[0]].usable:
+                actions += self._adopt(slot, *held)
+            elif slot.phase is JobPhase.QUEUED:
                 state.enqueue(slot)
         return actions + self._resolve() + dispatch(state)
+
+    def release_held(self) -> list[Action]:
+        """An open batch closes: what earlier runs left on the hosts for jobs that never joined
+        is ended there."""
+        held, self._adoptable = self._adoptable, {}
+        return [Cleanup(host, name) for name, (host, _, _) in held.items()]
 
     def agent_jobs_found(self, host: str, jobs: Mapping[str, bool]) -> list[Action]:
         """What a host's agent still holds from an earlier coordinator (job -> still running):
@@ -148,6 +161,9 @@ class BatchStart:
         for name, running in jobs.items():
             slot = self.state.jobs.get(name)
             entry = self.state.resumable.pop(name, None)
+            if slot is None and entry is not None and entry.host == host and self.state.open:
+                self._adoptable[name] = (host, running, entry)  # its job may join later
+                continue
             if (
                 slot is None
                 or entry is None
@@ -159,14 +175,22 @@ class BatchStart:
                     actions.append(Cleanup(host, name))
                 continue
             self.state.dequeue(slot)
-            placement = slot_host.resources.adopt(name, slot.needs, entry.gpus)
-            move(slot, JobPhase.RUNNING)
-            slot.placement = placement
-            # Its use may be in the probe that just landed: its release then calls for a probe.
-            slot.probes_before = self.state.probes.hosts[host].landed - 1
-            actions.append(Say(JobReattached(job=name, host=host, gpus=placement.gpu_indices, running=running)))
-            actions.append(StartJob(slot.job, placement, slot.attempt, resume=True))
+            actions += self._adopt(slot, host, running, entry)
         return actions
+
+    def _adopt(self, slot: JobSlot, host: str, running: bool, entry: Resumable) -> list[Action]:
+        """Take up the run of ``slot``'s job that an earlier coordinator left on ``host``."""
+        resources = self.state.hosts[host].resources
+        assert resources is not None
+        placement = resources.adopt(slot.job.name, slot.needs, entry.gpus)
+        move(slot, JobPhase.RUNNING)
+        slot.placement = placement
+        # Its use may be in the probe that just landed: its release then calls for a probe.
+        slot.probes_before = self.state.probes.hosts[host].landed - 1
+        return [
+            Say(JobReattached(job=slot.job.name, host=host, gpus=placement.gpu_indices, running=running)),
+            StartJob(slot.job, placement, slot.attempt, resume=True),
+        ]
 
     # -- internals -----------------------------------------------------------------------------
 
