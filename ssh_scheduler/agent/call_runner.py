@@ -110,8 +110,12 @@ def load_call(payload, info_path, header, cloudpickle):
 
 
 def keep_exception(result_path, info_path, exc, cloudpickle):
-    """The exception the call raised: pickled when it pickles, its traceback as text."""
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    """The exception the call raised: pickled when it pickles, its traceback as text (from the
+    call down: this runner's own frame is not the user's)."""
+    tb = exc.__traceback__
+    if tb is not None and tb.tb_frame.f_code is main.__code__ and tb.tb_next is not None:
+        tb = tb.tb_next
+    text = "".join(traceback.format_exception(type(exc), exc, tb))
     sys.stderr.write(text)
     info = {
         "kind": "raised", "type": "%s.%s" % (type(exc).__module__, type(exc).__qualname__),
