@@ -77,8 +77,11 @@ def _label(function: object) -> str:
     """The function's name as part of a job name: ``train``, ``Model.fit``, ``lambda``."""
     name = getattr(function, "__qualname__", None) or type(function).__qualname__
     name = str(name).replace("<locals>.", "").replace("<lambda>", "lambda")
-    name = re.sub(r"[^A-Za-z0-9_.]+", "_", name).strip("._") or "call"
-    return name[-NAME_LABEL_CHARS:].lstrip("._") or "call"
+    parts = [p for p in re.sub(r"[^A-Za-z0-9_.]+", "_", name).split(".") if p.strip("_")]
+    label = parts.pop() if parts else "call"  # the innermost name, then its outer ones that fit
+    while parts and len(parts[-1]) + 1 + len(label) <= NAME_LABEL_CHARS:
+        label = f"{parts.pop()}.{label}"
+    return label[:NAME_LABEL_CHARS]
 
 
 def _shown(value: object) -> str:
