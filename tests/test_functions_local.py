@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from ssh_scheduler import CallError, Executor
-from ssh_scheduler.errors import ConfigError
+from ssh_scheduler.errors import ConfigError, SchedulerError
 from ssh_scheduler.events import Event, EventBus, JobsAdded, JobSkipped, JobStarted
 
 CHEAP = {"no_gpu_required": True, "num_cpus": 0.1, "memory_required": 10}
@@ -196,3 +196,15 @@ def test_a_skipped_call_is_told_to_the_bus_like_a_skipped_job(project: Path) -> 
     with Executor(bus=bus, **CHEAP) as ex:
         assert ex.submit(abs, -7).result() == 7
     assert len(skipped) == 1
+
+
+def test_no_host_to_run_on_fails_every_call_with_the_reason_in_one_line(project: Path) -> None:
+    ex = Executor(["nobody@127.0.0.1:1"], no_gpu_required=True)  # nothing listens on port 1: refused at once
+    try:
+        future = ex.submit(abs, -1)
+        with pytest.raises(SchedulerError, match=r"^no host could be reached; nothing was run$"):
+            future.result(timeout=120)
+        with pytest.raises(SchedulerError, match=r"^no host could be reached"):
+            ex.submit(abs, -2)
+    finally:
+        ex.shutdown()

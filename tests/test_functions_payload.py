@@ -6,6 +6,7 @@ minor version where one is installed (tests/other_python.py)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -15,11 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from ssh_scheduler.errors import SchedulerError
+from ssh_scheduler.errors import ConfigError, SchedulerError
+from ssh_scheduler.executors.base import RunRequest, shell_line
 from ssh_scheduler.executors.python_call import runner_files
 from ssh_scheduler.functions.outcome import CallError, RemoteError, RemoteTraceback, read_outcome
 from ssh_scheduler.functions.payload import PickledCall, pickle_call
-from ssh_scheduler.jobs.python_call import INFO, PAYLOAD, RESULT, RUNNER
+from ssh_scheduler.jobs.python_call import INFO, PAYLOAD, RESULT, RUNNER, PythonCall
+from ssh_scheduler.machines.machine_yaml import parse_machine_yaml
 from tests.other_python import find_other_python, other_python
 
 OFFSET = 3
@@ -43,10 +46,28 @@ def job_folder(results: Path, call: PickledCall, *, module: Path | None = None) 
 
 
 def run_call(folder: Path, python: str | Path = sys.executable) -> subprocess.CompletedProcess[str]:
-    """The job's line, as executors/base.shell_line writes it (without the setup)."""
+    """The call's job line, as executors/base.shell_line writes it for the machine's python."""
+    request = RunRequest(name=folder.name, work=PythonCall(folder / PAYLOAD, "", 0), jobdir=str(folder))
+    # A host's Python writes bytecode beside the modules it imports unless told not to (here
+    # too, where this environment may say otherwise): the line's -B is what stops it.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     return subprocess.run(
-        [str(python), "-B", "-u", RUNNER, PAYLOAD, RESULT, INFO], cwd=folder, capture_output=True, text=True, timeout=120
+        ["bash", "--norc", "-c", shell_line(request, str(python))], cwd=folder, capture_output=True, text=True,
+        timeout=120, env=env,
+    )  # fmt: skip
+
+
+def test_the_call_line_runs_the_runner_with_the_machines_python_after_its_setup() -> None:
+    request = RunRequest(name="j", work=PythonCall(Path("x"), "", 0), jobdir="/w/j", setup=("export A=1",))
+    line = shell_line(request, "~/venvs/exp/bin/python")
+    assert line.startswith("export A=1\n") and line.endswith(
+        f"\nexec ~/venvs/exp/bin/python -B -u {RUNNER} {PAYLOAD} {RESULT} {INFO}"
     )
+    assert shell_line(request, "/opt/my env/python").endswith(f"exec '/opt/my env/python' -B -u {RUNNER} {PAYLOAD} {RESULT} {INFO}")
+    assert parse_machine_yaml("ip: h\npython: ~/venvs/exp/bin/python\n", source="m.yaml").python == "~/venvs/exp/bin/python"
+    assert parse_machine_yaml("ip: h\n", source="m.yaml").python == "python3"
+    with pytest.raises(ConfigError, match=r"m.yaml line 2: 'python' must be one interpreter, .* got 'python3; rm -rf ~'"):
+        parse_machine_yaml("ip: h\npython: 'python3; rm -rf ~'\n", source="m.yaml")
 
 
 def info(folder: Path) -> dict[str, object]:
