@@ -70,7 +70,9 @@ fleet busy, few enough that a map over 100,000 items pickles as it goes."""
 _GROUPS = ("options", "limits", "forward", "needs")
 _REFUSED = {"dry_run": "an executor runs its calls; plan a batch file with execute_batch --dry-run"}
 OPTIONS: dict[str, Option] = {
-    o.name: o for o in options_of(BATCH) if o.to.partition(".")[0] in _GROUPS and o.name not in _REFUSED
+    o.name: o
+    for o in options_of(BATCH)
+    if (o.to.partition(".")[0] in _GROUPS or o.name == "exclude_hosts") and o.name not in _REFUSED
 }
 """The options an :class:`Executor` takes, by name (the option table's, with its checks)."""
 NEEDS: dict[str, Option] = {o.name: o for o in need_options()}

@@ -16,6 +16,7 @@ the same name, so its result is found in the results folder instead of run again
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -117,18 +118,23 @@ def _identity(function: object, pickled: bytes, holds_code: bool) -> str:
 def import_folders(base_dir: Path) -> list[str]:
     """The folders of this script's ``sys.path`` that lie in the copied-forward folder, relative
     to it (``.``: the folder itself): the host puts them on its own ``sys.path``."""
+    return list(_import_folders(base_dir, tuple(sys.path), os.getcwd()))
+
+
+@functools.lru_cache(maxsize=8)  # asked once per call: 100,000 calls, one walk while sys.path stays
+def _import_folders(base_dir: Path, path: tuple[str, ...], cwd: str) -> tuple[str, ...]:
     base = base_dir.resolve()
     found: list[str] = []
-    for entry in sys.path:
+    for entry in path:
         try:
-            folder = Path(entry or os.getcwd()).resolve()
+            folder = Path(entry or cwd).resolve()
         except OSError:
             continue
         if folder == base or base in folder.parents:
             rel = folder.relative_to(base).as_posix() or "."
             if rel not in found:
                 found.append(rel)
-    return found or ["."]
+    return tuple(found) or (".",)
 
 
 def pickle_call(

@@ -266,7 +266,12 @@ class CallBatch:
         results = self.options.results_dir
 
         def settle() -> None:
-            future.settle(read_outcome(results, job, host, failure))
+            try:
+                outcome = read_outcome(results, job, host, failure)
+            except Exception as exc:  # a bug of ours must not leave the future open forever
+                log.exception("reading the result of call %s failed", job)
+                outcome = Outcome(error=CallError(f"call {job}: its result could not be read ({exc})", job=job, host=host))
+            future.settle(outcome)
 
         assert self._loop is not None
         self._loop.run_in_executor(None, settle)
