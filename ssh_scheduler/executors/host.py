@@ -81,9 +81,12 @@ class AgentExecutor:
     async def run(self, request: RunRequest, on_output: OutputSink) -> JobExit:
         # The inputs are in the host's cache and the one run request links them and starts the
         # work: it runs from here, as far as the coordinator can tell (--timeout counts from here).
+        try:
+            staged = await work_inputs(self.cache, request)  # a Python call's runner and pickle too
+        except TransportError as exc:  # as for the job's other inputs (JobRun's staging)
+            return JobExit(None, host_lost=True, message=str(exc))
         request.on_started("")
         jobdir = request.jobdir
-        staged = await work_inputs(self.cache, request)  # a Python call's runner and pickle too
         return await self.session.run(
             request.name,
             shell_line(request, self.machine.python),

@@ -126,7 +126,7 @@ class SlurmExecutor(AgentExecutor):
             try:
                 staged = await work_inputs(self.cache, request)  # a Python call's runner and pickle too
                 await self.session.stage(jobdir, *(staged or StagePlan([], [])))
-            except ConnectionLostError as exc:
+            except TransportError as exc:  # as for a host's inputs (JobRun's staging)
                 return JobExit(None, host_lost=True, message=str(exc))
             needs = request.needs or Needs()
             argv = S.sbatch_argv(
