@@ -62,6 +62,8 @@ class HostCache:
         loop = asyncio.get_running_loop()
         for f in new:
             self._ready[f.key] = loop.create_future()
+        # Taken now: a concurrent ensure whose upload fails drops its keys from _ready meanwhile.
+        waiting = [self._ready[key] for key in unique]
         if new:
             try:
                 missing = set(await self.host.have([f.key for f in new], {f.key: f.size for f in new}))
@@ -76,7 +78,7 @@ class HostCache:
             for f in new:
                 if not self._ready[f.key].done():
                     self._ready[f.key].set_result(None)
-        await asyncio.gather(*(self._ready[key] for key in unique))
+        await asyncio.gather(*waiting)
 
     async def _send(self, files: list[LocalFile]) -> None:
         """Small files many to a message through the agent (bulk.py), the rest by SFTP."""

@@ -213,7 +213,7 @@ class Executor(concurrent.futures.Executor):
 
     # -- concurrent.futures.Executor ------------------------------------------------------------
 
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> CallFuture:  # type: ignore[override]
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> CallFuture:
         """Run ``fn(*args, **kwargs)`` on a machine; its future resolves to what it returns, or
         raises what it raised (as itself, with the remote traceback as its cause)."""
         return self.submit_call(fn, args, kwargs, self._defaults)
@@ -240,6 +240,7 @@ class Executor(concurrent.futures.Executor):
         if wait:
             self._calls.join()
             shutil.rmtree(self._folder, ignore_errors=True)
+            _LIVE.discard(self)
 
     def stop(self) -> None:
         """Kill every call now, on its host too (Ctrl-C in a ``with`` block does this)."""
@@ -248,6 +249,7 @@ class Executor(concurrent.futures.Executor):
         self._calls.stop()
         self._calls.join()
         shutil.rmtree(self._folder, ignore_errors=True)
+        _LIVE.discard(self)
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> Literal[False]:
         if exc_type is not None and not issubclass(exc_type, Exception):  # Ctrl-C, SystemExit

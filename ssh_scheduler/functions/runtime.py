@@ -23,6 +23,7 @@ import shutil
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from ssh_scheduler.coordinator.batch import Batch
 from ssh_scheduler.coordinator.batch_run import BatchOptions
@@ -50,7 +51,7 @@ __all__ = ["CallBatch", "CallFuture"]
 log = logging.getLogger(__name__)
 
 
-class CallFuture(concurrent.futures.Future[object]):
+class CallFuture(concurrent.futures.Future[Any]):
     """A call's future.  It stays pending while the call runs (so :meth:`cancel` still works:
     it kills the call on its host), :meth:`running` says whether the call runs now, and
     ``job`` names its job (its results are ``job_results/<job>/``)."""
