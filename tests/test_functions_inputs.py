@@ -21,7 +21,7 @@ class Host:
     first ``have`` waits until a second one came, then fails as a lost link does."""
 
     name = "h1"
-    root = "/work"
+    root = "/srv/root"
 
     def __init__(self) -> None:
         self.asked: list[list[str]] = []
@@ -43,7 +43,7 @@ class Host:
 def call(tmp_path: Path, name: str, staged: StagePlan | None = None) -> RunRequest:
     path = tmp_path / f"{name}.pickle"
     path.write_bytes(name.encode())
-    return RunRequest(name=name, work=PythonCall(path, f"{name:0>64}-r", len(name)), jobdir=f"/work/jobs/{name}", staged=staged)
+    return RunRequest(name=name, work=PythonCall(path, f"{name:0>64}-r", len(name)), jobdir=f"/srv/root/jobs/{name}", staged=staged)
 
 
 async def test_a_call_gets_the_runner_cloudpickle_and_its_pickle_beside_its_copy_forward(tmp_path: Path) -> None:
@@ -60,7 +60,7 @@ async def test_a_call_gets_the_runner_cloudpickle_and_its_pickle_beside_its_copy
     assert dict(staged.files)[PAYLOAD] == request.work.key  # type: ignore[union-attr]
     assert RUNNER in rels and any(rel.endswith("/cloudpickle/cloudpickle.py") for rel in rels)
     assert staged.dirs == ["data"]
-    shell = RunRequest(name="s", work=ShellCommand("true"), jobdir="/work/jobs/s", staged=forward)
+    shell = RunRequest(name="s", work=ShellCommand("true"), jobdir="/srv/root/jobs/s", staged=forward)
     assert await work_inputs(cache, shell) is forward  # a shell command: its copy forward alone
 
 
