@@ -130,15 +130,19 @@ def test_calls_needing_7000_mb_on_16_gb_gpus_never_share_beyond_what_fits(make_c
 
 @pytest.mark.slow
 def test_a_host_frozen_mid_call_reruns_its_calls_elsewhere_each_resolved_once(cluster4: Cluster, project: Path) -> None:
+    """Eight calls wait at a gate; the host running the most of them is frozen whole (SIGSTOP:
+    its sshd, agent and calls), the gate opens on the others.  Each call of the frozen host is
+    requeued and run again elsewhere, each future resolves once, with the value of a run that
+    ended, and each of those calls left its side effect (a line of done.log) once: the frozen
+    runs never got past their gate."""
     import work
 
     clear_homes(cluster4)
-    requeued: list[str] = []
+    requeued: list[tuple[str, str]] = []  # (job, the host it was lost with)
     bus = EventBus()
-    bus.subscribe(lambda e: requeued.append(e.job) if isinstance(e, JobRequeued) else None)
-    # keepalive 2 s: the frozen host is lost after 3 missed (on a loaded machine 1 s may lose a
-    # live host too, and a call then runs on while it is run again: side effects twice)
-    ex = Executor(machines(cluster4), bus=bus, keepalive=2, no_gpu_required=True, num_cpus=1, memory_required=10)
+    bus.subscribe(lambda e: requeued.append((e.job, e.host)) if isinstance(e, JobRequeued) else None)
+    # keepalive 3 s: the frozen host is lost after 3 missed, a live one on a loaded machine not
+    ex = Executor(machines(cluster4), bus=bus, keepalive=3, no_gpu_required=True, num_cpus=1, memory_required=10)
     frozen: Host | None = None
     try:
         futures = [ex.submit(work.gated, f"call{n}") for n in range(8)]
@@ -157,14 +161,20 @@ def test_a_host_frozen_mid_call_reruns_its_calls_elsewhere_each_resolved_once(cl
         if frozen is not None:
             frozen.thaw()
         ex.shutdown(wait=True, cancel_futures=True)
-    assert on_frozen and len(requeued) == len(on_frozen)
+    call_of = {future.job: f"call{n}" for n, future in enumerate(futures)}
+    assert on_frozen and {call_of[job] for job, host in requeued if host == frozen.name} == on_frozen
     assert set(resolved.values()) == {1} and len(resolved) == 8  # each future resolved once
     done = {host.name: lines(host, "done.log") for host in cluster4.hosts}
     assert done[frozen.name] == []  # the frozen runs never got past their gate
-    ended = [line.split() for host_lines in done.values() for line in host_lines]
-    assert sorted(name for name, _ in ended) == sorted(f"call{n}" for n in range(8))  # one run each
+    ended = Counter(line.split()[0] for host_lines in done.values() for line in host_lines)
     for n, (host, run) in enumerate(results):
-        assert host != frozen.name and [f"call{n}", run] in ended  # its value is that one run's
+        assert host != frozen.name and f"call{n} {run}" in done[host]  # its value is that run's
+    # One side effect per call, those run again included.  (A live host lost too, on a machine
+    # loaded past 3 missed keepalives, would leave a call it ran running on: twice, at least
+    # once, as any lost host's calls; not the claim here, so such calls are told apart.)
+    lost_live = {call_of[job] for job, host in requeued if host != frozen.name}
+    assert set(ended) == {f"call{n}" for n in range(8)}
+    assert {name for name, count in ended.items() if count != 1} <= lost_live, (ended, requeued)
 
 
 def test_map_over_a_thousand_items_keeps_order(cluster4: Cluster, project: Path) -> None:
