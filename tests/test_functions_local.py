@@ -235,3 +235,21 @@ def test_the_executors_batch_keeps_its_event_file_for_attach_and_report(project:
     ex.stop()
     history = read_history(results, running=False, now=time.time())
     assert history.from_events and history.exit_code == 130 and history.exit_lines == [CANCELLED_LINE]
+
+
+def test_a_call_that_spoils_the_runner_in_the_host_cache_costs_the_next_call_nothing(project: Path) -> None:
+    """The runner lives in the host's cache, one file linked into every call's folder: a call
+    that writes through its link spoils the entry, which the agent drops; the next call is staged
+    with the runner sent again (as a shell job's spoiled input is), and runs."""
+
+    def spoil(rel: str) -> int:  # (by value: a function of this test, which the call has no module of)
+        os.chmod(rel, 0o600)  # as a job may, then writes through its link to the input
+        with open(rel, "a") as f:
+            f.write("# spoiled\n")
+        return os.getpid()
+
+    with Executor(reserve=True, **CHEAP) as ex:  # one call at a time: the next is staged after
+        assert ex.submit(spoil, ".ssh_scheduler_call/call_runner.py").result() > 0
+        assert ex.submit(abs, -3).result() == 3
+        assert ex.submit(spoil, ".ssh_scheduler_call/lib/cloudpickle/__init__.py").result() > 0
+        assert ex.submit(abs, -4).result() == 4
