@@ -120,28 +120,39 @@ def test_cancel_a_queued_call_and_a_running_one(project: Path) -> None:
     started: list[str] = []
     bus = EventBus()
     bus.subscribe(lambda e: started.append(e.job) if isinstance(e, JobStarted) else None)
-    with Executor(bus=bus, no_gpu_required=True, reserve=True) as ex:  # one call at a time
-        running = ex.submit(_wait_for, str(gate))
-        queued = ex.submit(_wait_for, str(gate), 2)
-        deadline = time.monotonic() + 60
-        while not running.running():
-            assert time.monotonic() < deadline, "the first call never started"
+
+    def wait_for(path: str, value: int = 1) -> int:  # (by value: this test's module is not on the host)
+        Path(f"{path}.{value}.pid").write_text(str(os.getpid()))  # it runs: here is its process
+        while not os.path.exists(path):
             time.sleep(0.05)
-        assert not queued.running()
-        assert queued.cancel() and queued.cancelled()
-        assert running.cancel() and running.cancelled()  # running, still cancellable: it is killed
-        with pytest.raises(concurrent.futures.CancelledError):
-            running.result()
-        after = ex.submit(os.getpid)
-        assert after.result() > 0
+        return value
+
+    with Executor(bus=bus, no_gpu_required=True, reserve=True) as ex:  # one call at a time
+        try:
+            running = ex.submit(wait_for, str(gate))
+            queued = ex.submit(wait_for, str(gate), 2)
+            pid_file = project / "gate.1.pid"
+            deadline = time.monotonic() + 60
+            while not (running.running() and pid_file.exists() and pid_file.read_text()):
+                assert time.monotonic() < deadline, "the first call never started"
+                assert not running.done(), running.exception()
+                time.sleep(0.05)
+            pid = int(pid_file.read_text())
+            assert not queued.running()
+            assert queued.cancel() and queued.cancelled()
+            assert running.cancel() and running.cancelled()  # running, still cancellable: it is killed
+            with pytest.raises(concurrent.futures.CancelledError):
+                running.result()
+            after = ex.submit(os.getpid)
+            # One call at a time: this one starts once the killed call's room is free again.
+            assert after.result(timeout=60) > 0
+        finally:
+            gate.touch()  # whatever failed above, no call waits for ever
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # the call's process is gone
     assert queued.job not in started  # taken out of the queue, never run
+    assert not (project / "gate.2.pid").exists()
     assert not (project / "job_results" / running.job).exists()  # killed: nothing committed
-
-
-def _wait_for(path: str, value: int = 1) -> int:
-    while not os.path.exists(path):
-        time.sleep(0.05)
-    return value
 
 
 def test_futures_work_with_asyncio_and_shutdown_refuses_new_calls(project: Path) -> None:
