@@ -5,6 +5,10 @@ neither asyncio nor asyncssh)::
 
     from ssh_scheduler import run_batch, BatchOptions, parse_batch, load_machines
     summary = asyncio.run(run_batch(parse_batch(data, "batch.sh"), load_machines(["gpu[1-4]"]), BatchOptions()))
+
+    from ssh_scheduler import Executor          # Python functions as jobs
+    with Executor(machines=["gpu[1-4]"]) as ex:
+        results = list(ex.map(train, configs))
 """
 
 from __future__ import annotations
@@ -40,6 +44,10 @@ _API = {
     "EventBus": "events",
     "Planner": "planner.plan",
     "SchedulerError": "errors",
+    "Executor": "functions.executor",
+    "CallError": "functions.outcome",
+    "RemoteError": "functions.outcome",
+    "RemoteTraceback": "functions.outcome",
 }
 
 __all__ = ("__version__", *sorted(_API))

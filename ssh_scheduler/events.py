@@ -41,6 +41,7 @@ __all__ = [
     "JobRetrying",
     "JobSkipped",
     "JobStarted",
+    "JobsAdded",
     "Notice",
     "PlanLine",
     "Stopping",
@@ -124,6 +125,16 @@ class BatchStarted(Event):
     limits: tuple[tuple[str, int], ...] = ()
     """Per host (by its source file or name) how many jobs fit at once."""
     gpu_choices: tuple[tuple[int, ...], ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobsAdded(Event):
+    """Jobs joined a batch under way (an open batch, like ``ssh_scheduler.Executor``'s calls):
+    ``jobs`` new ones, ``total`` in the batch now."""
+
+    kind: ClassVar[str] = "jobs_added"
+    jobs: int
+    total: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -22,10 +22,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-LAYERS = ("jobs", "machines", "planner", "results", "view", "agent", "transport", "executors", "coordinator", "cli")
+LAYERS = (
+    "jobs", "machines", "planner", "results", "view", "agent", "transport", "executors", "coordinator", "functions",
+    "cli",
+)  # fmt: skip
 """Each layer may import the ones before it: what to run, where it may run, decide, what is kept,
 what the user sees, what runs on the host, how we reach it, who performs a run, who performs a
-batch, the command line."""
+batch, Python functions as jobs, the command line."""
 VOCABULARY = ("errors", "events")
 ROOT = ("__init__", "__main__")
 PURE = ("jobs", "machines", "planner")

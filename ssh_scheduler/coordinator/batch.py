@@ -10,6 +10,10 @@ its set-up, its main loop, and the one place the planner's actions are carried o
 
 Every task has a parent (one TaskGroup); nothing sleeps and polls: the main loop waits on an
 event set whenever the planner's state changes, timers wait for the planner's next deadline.
+
+A batch is a fixed list of jobs, or ``open``: jobs join it while it runs (:meth:`Batch.add`,
+chosen and refused by the same rules as the first ones) and it ends only once its owner has
+closed it (:meth:`Batch.close`) and what it holds has ended (``ssh_scheduler.Executor``).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import time
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
-from ssh_scheduler.coordinator.batch_run import BatchOptions, select_jobs
+from ssh_scheduler.coordinator.batch_run import BatchOptions, Selector
 from ssh_scheduler.coordinator.control import ControlServer, batch_requests
 from ssh_scheduler.coordinator.dry_run import plan_dry_run
 from ssh_scheduler.coordinator.early_hosts import EarlyHosts
@@ -67,11 +71,17 @@ class Batch:
         err: Printer | None = None,
         bus: EventBus | None = None,
         early: EarlyHosts | None = None,
+        open: bool = False,
     ) -> None:
         self.jobs = list(jobs)
-        for job in self.jobs:
-            if "\x00" in job.command:  # the CLI cannot carry one, the Python API can
-                raise BatchError(f"job {job.name}: the command contains a NUL byte; remove it")
+        _check_commands(self.jobs)
+        self.open = open
+        """Jobs may join while it runs (:meth:`add`) until :meth:`close`."""
+        self.under_way = asyncio.Event()
+        """Set once the batch is set up and runs (its results folder held, its journal open):
+        what goes wrong before it is an error of :meth:`run`, after it an event."""
+        self._closed = not open
+        self._selector: Selector | None = None
         self.machines = {m.name: m for m in machines}
         self.options = options
         self.bus = bus or EventBus()
@@ -113,7 +123,8 @@ class Batch:
         self._main = asyncio.current_task()
         options = self.options
         check_job_copies(self.jobs, options.base_dir, options.forward)
-        selection = select_jobs(self.jobs, options, self.bus)
+        self._selector = Selector(options, self.bus)
+        selection = self._selector.select(self.jobs)
         if self._early is not None:
             if batch_token(options.results_dir) is None:  # still fresh: the early agents' token it is
                 selection.token = self._early.token
@@ -121,7 +132,7 @@ class Batch:
                 await self._early.close()
                 self._early = None
         self.token = selection.token
-        if not selection.pending:
+        if not selection.pending and not self.open:
             self.bus.publish(Notice(level="info", message="nothing to do: every job already has results"))
             return self._finish(None)
         refuse_planted_links(options.results_dir, (job.name for job in selection.pending))
@@ -132,8 +143,9 @@ class Batch:
                 options.needs, options.gpus_explicit, options.retries, options.timeout, options.halt,
                 options.quarantine_after, options.probe_interval,
             ),
-            resumable=selection.resumable,
+            resumable={**self._selector.left_running(), **selection.resumable} if self.open else selection.resumable,
             already_done=selection.already_done,
+            open=not self._closed,
         )
         self.hosts.use(planner, self.token, self._early)
         job_tasks = self.job_tasks = JobTasks(
@@ -178,6 +190,32 @@ class Batch:
             return
         self._perform(self.planner.stop())
 
+    def add(self, jobs: Sequence[Job]) -> None:
+        """Jobs join an open batch (call it on the batch's event loop).  Those with results are
+        skipped (``JobSkipped``), the rest run like the first jobs.  Raises :class:`BatchError`
+        when the batch is not open, closed or over, or a name is already in it; ``ConfigError``
+        or ``TransferError`` as the first jobs would (a changed command, a planted link)."""
+        if self._closed:
+            raise BatchError("jobs cannot join this batch: it is not open, or was closed")
+        _check_commands(jobs)
+        planner, selector = self.planner, self._selector
+        if planner is None or selector is None:  # not set up yet: chosen with the first jobs
+            self.jobs.extend(jobs)
+            return
+        if planner.began and self._tg is None:
+            raise BatchError("jobs cannot join this batch: it is over")
+        check_job_copies(jobs, self.options.base_dir, self.options.forward)
+        selection = selector.select(jobs)
+        refuse_planted_links(self.options.results_dir, (job.name for job in selection.pending))
+        if selection.pending:
+            self._perform(planner.jobs_added(selection.pending))
+
+    def close(self) -> None:
+        """No more jobs join: an open batch ends once what it holds has ended."""
+        self._closed = True
+        if self.planner is not None:
+            self._perform(self.planner.close())
+
     def perform(self, actions: Sequence[Action]) -> None:
         """Perform what the planner answered to an event from outside the loop (pause, cancel)."""
         self._perform(actions)
@@ -190,6 +228,7 @@ class Batch:
         try:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
+                self.under_way.set()
                 helpers = [tg.create_task(self._timer())]
                 began = time.monotonic()
                 self._perform(planner.begin(self.token))
@@ -301,6 +340,12 @@ class Batch:
             )
         )
         return summary
+
+
+def _check_commands(jobs: Sequence[Job]) -> None:
+    for job in jobs:
+        if "\x00" in job.command:  # the CLI cannot carry one, the Python API can
+            raise BatchError(f"job {job.name}: the command contains a NUL byte; remove it")
 
 
 def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:

@@ -28,10 +28,10 @@ from ssh_scheduler.jobs.forward import ForwardPolicy
 from ssh_scheduler.jobs.needs import Needs, flag_needs
 from ssh_scheduler.jobs.options import destined
 from ssh_scheduler.planner.policy import HaltPolicy, Resumable, parse_halt
-from ssh_scheduler.results.journal import JobState, batch_token, last_states
+from ssh_scheduler.results.journal import IN_FLIGHT, JobState, batch_token, last_states
 from ssh_scheduler.results.resume import changed_commands, in_flight
 
-__all__ = ["BatchOptions", "Selection", "batch_options", "select_jobs", "set_aside"]
+__all__ = ["BatchOptions", "Selection", "Selector", "batch_options", "select_jobs", "set_aside"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,35 +110,60 @@ class Selection:
 
 def select_jobs(jobs: Sequence[Job], options: BatchOptions, bus: EventBus) -> Selection:
     """Skip jobs with results, set the batch token, and learn from an earlier run's journal."""
-    results = options.results_dir
-    if results.exists() and not results.is_dir():
-        raise ConfigError(f"{results} is a file, not a folder; remove it or pass another --results-dir")
-    if results.is_dir():
-        for partial in results.glob(".partial-*"):
-            shutil.rmtree(partial, ignore_errors=True)  # a copy cut short by a crash
-    last = last_states(results)
-    token = batch_token(results) or secrets.token_hex(8)
-    # One listing instead of a stat per job (a 100,000-line batch).
-    existing = set(os.listdir(results)) if results.is_dir() else set()
-    pending: list[Job] = []
-    done: dict[str, bool] = {}
-    for job in jobs:
-        if job.name not in existing:
-            pending.append(job)
-            continue
-        failed = last.get(job.name, {}).get("state") == JobState.FAILED
-        if options.retry_failed and failed:
-            set_aside(results, job.name)
-            pending.append(job)
-            continue
-        done[job.name] = not failed
-        bus.publish(JobSkipped(job=job.name, line=job.line_number, failed=failed))
-    changed = changed_commands(pending, last)
-    if changed and not options.allow_changed:
-        raise ConfigError(
-            f"the command of {changed[0]}"
-            + (f" (and {len(changed) - 1} more)" if len(changed) > 1 else "")
-            + f" changed since {results}/.journal.jsonl recorded it; rerun with "
-            f"--allow-changed to run the new commands, or use another --results-dir"
-        )
-    return Selection(pending, token, in_flight(pending, last), done)
+    return Selector(options, bus).select(jobs)
+
+
+class Selector:
+    """Which jobs run now, decided for a batch's first jobs and again for each job added to an
+    open batch: the results folder and its journal are read once, at the start (a job added
+    later cannot have results that were not there then: one run holds the folder)."""
+
+    def __init__(self, options: BatchOptions, bus: EventBus) -> None:
+        results = self.results = options.results_dir
+        self.options, self.bus = options, bus
+        if results.exists() and not results.is_dir():
+            raise ConfigError(f"{results} is a file, not a folder; remove it or pass another --results-dir")
+        if results.is_dir():
+            for partial in results.glob(".partial-*"):
+                shutil.rmtree(partial, ignore_errors=True)  # a copy cut short by a crash
+        self.last = last_states(results)
+        self.token = batch_token(results) or secrets.token_hex(8)
+        # One listing instead of a stat per job (a 100,000-line batch).
+        self.existing = set(os.listdir(results)) if results.is_dir() else set()
+
+    def select(self, jobs: Sequence[Job]) -> Selection:
+        """Skip jobs with results (rerun those that failed, with ``--retry-failed``); refuse
+        jobs whose command changed since the journal recorded it (unless allowed)."""
+        options, last = self.options, self.last
+        pending: list[Job] = []
+        done: dict[str, bool] = {}
+        for job in jobs:
+            if job.name not in self.existing:
+                pending.append(job)
+                continue
+            failed = last.get(job.name, {}).get("state") == JobState.FAILED
+            if options.retry_failed and failed:
+                set_aside(self.results, job.name)
+                self.existing.discard(job.name)
+                pending.append(job)
+                continue
+            done[job.name] = not failed
+            self.bus.publish(JobSkipped(job=job.name, line=job.line_number, failed=failed))
+        changed = changed_commands(pending, last)
+        if changed and not options.allow_changed:
+            raise ConfigError(
+                f"the command of {changed[0]}"
+                + (f" (and {len(changed) - 1} more)" if len(changed) > 1 else "")
+                + f" changed since {self.results}/.journal.jsonl recorded it; rerun with "
+                f"--allow-changed to run the new commands, or use another --results-dir"
+            )
+        return Selection(pending, self.token, in_flight(pending, last), done)
+
+    def left_running(self) -> dict[str, Resumable]:
+        """Every job the journal says an earlier run placed or started and never saw end
+        (an open batch: their jobs may join later, to be taken up where they run)."""
+        return {
+            name: Resumable(name, str(entry["host"]), tuple(int(g) for g in entry.get("gpus") or ()))
+            for name, entry in self.last.items()
+            if entry.get("state") in IN_FLIGHT and entry.get("host") and name not in self.existing
+        }

@@ -95,7 +95,7 @@ class JobTasks:
 
         return RunRequest(
             name=name,
-            work=ShellCommand(job.command),
+            work=job.call if job.call is not None else ShellCommand(job.command),
             jobdir=executor.jobdir(self.token, name),
             env={**dict(machine.env), **job_environment(name, start.placement.gpu_indices)},
             setup=machine.setup,

@@ -15,6 +15,7 @@ and a line in ``executors.backends``; it never needs a coordinator change.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, assert_never
@@ -24,9 +25,10 @@ from ssh_scheduler.executors.stage_plan import StagePlan
 from ssh_scheduler.executors.transfer import CopyBackReport, CopyLimits
 from ssh_scheduler.jobs.forward import ForwardSet
 from ssh_scheduler.jobs.needs import Needs
+from ssh_scheduler.jobs.python_call import INFO, PAYLOAD, RESULT, RUNNER, PythonCall
 from ssh_scheduler.machines.host_state import HostState, OwnUsage
-from ssh_scheduler.machines.machine import Machine
-from ssh_scheduler.machines.machine_env import with_setup
+from ssh_scheduler.machines.machine import DEFAULT_PYTHON, Machine
+from ssh_scheduler.machines.machine_env import PYTHON_WORD, with_setup
 
 __all__ = ["Executor", "OutputSink", "RunRequest", "ShellCommand", "StartedHook", "Work", "shell_line"]
 
@@ -45,10 +47,11 @@ class ShellCommand:
     line: str
 
 
-Work = ShellCommand
-"""What a job runs: one class per kind of work.  A new kind (say, a Python function call whose
-pickled payload the host's Python runs) is one more class in this union, and its handling in
-:func:`shell_line`, the executors and the agent; the coordinator only passes it through."""
+Work = ShellCommand | PythonCall
+"""What a job runs: one class per kind of work, each handled in :func:`shell_line`, the
+executors (:mod:`ssh_scheduler.executors.python_call` stages a call's inputs) and the agent; the
+coordinator only passes it through.  A :class:`PythonCall` is a pickled function call that the
+machine's Python runs through ``agent/call_runner.py``."""
 
 
 def _no_hook(_name_there: str) -> None:
@@ -96,13 +99,21 @@ class RunRequest:
     taken up again with :meth:`Executor.resume` (it started under an earlier coordinator)."""
 
 
-def shell_line(request: RunRequest) -> str:
+def shell_line(request: RunRequest, python: str = DEFAULT_PYTHON) -> str:
     """The shell text that runs the request's work there: the machine's setup lines, then the
-    work (for a backend that runs shell text: an agent's host, a Slurm batch script)."""
+    work (for a backend that runs shell text: an agent's host, a Slurm batch script).  A Python
+    call is the runner, run by the machine's ``python`` in the job's folder (its inputs, the
+    runner among them, staged there: ``executors.python_call``); ``-B``: the user's modules
+    leave no ``__pycache__`` among the results, ``-u``: what the call prints streams home."""
     work = request.work
     match work:
         case ShellCommand(line=line):
             return with_setup(line, request.setup)
+        case PythonCall():
+            # A path as the YAML allows it is one shell word (its ~ expands); anything else set
+            # through the Python API is quoted whole.
+            word = python if PYTHON_WORD.fullmatch(python) else shlex.quote(python)
+            return with_setup(f"exec {word} -B -u {RUNNER} {PAYLOAD} {RESULT} {INFO}", request.setup)
     assert_never(work)
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from ssh_scheduler.errors import ConfigError, ProbeError, TransportError
 from ssh_scheduler.executors.base import OutputSink, RunRequest, shell_line
+from ssh_scheduler.executors.python_call import call_files, work_inputs
 from ssh_scheduler.executors.session import DEFAULT_LEASE, HostSession, JobExit
 from ssh_scheduler.executors.stage_plan import StagePlan
 from ssh_scheduler.executors.transfer import (
@@ -83,29 +84,34 @@ class AgentExecutor:
     async def run(self, request: RunRequest, on_output: OutputSink) -> JobExit:
         # The inputs are in the host's cache and the one run request links them and starts the
         # work: it runs from here, as far as the coordinator can tell (--timeout counts from here).
+        try:
+            staged = await work_inputs(self.cache, request)  # a Python call's runner and pickle too
+        except TransportError as exc:  # as for the job's other inputs (JobRun's staging)
+            return JobExit(None, host_lost=True, message=str(exc))
         request.on_started("")
+        inputs = (*request.forward.files, *call_files(request))
         for _ in range(RESTAGE_TRIES):
-            ended = await self._run(request, on_output)
+            ended = await self._run(request, staged, on_output)
             if not ended.missing:
                 return ended
             # An input went from the host's cache (a job wrote through its link to it and the
             # agent removed the spoiled entry): sent again, and the job staged afresh.
-            await self.cache.resend([f for f in request.forward.files if f.key in ended.missing])
+            await self.cache.resend([f for f in inputs if f.key in ended.missing])
         return JobExit(None, message=f"{self.name}: its inputs kept disappearing from the host's cache "
                        f"({ended.message}); is a job rewriting them?")
 
-    async def _run(self, request: RunRequest, on_output: OutputSink) -> JobExit:
+    async def _run(self, request: RunRequest, staged: StagePlan | None, on_output: OutputSink) -> JobExit:
         jobdir = request.jobdir
         return await self.session.run(
             request.name,
-            shell_line(request),
+            shell_line(request, self.machine.python),
             cwd=jobdir,
             env=request.env,
             # Output is also kept on the host, so a coordinator that reattaches catches up.
             out_path=f"{jobdir}.out" if request.keep_output else None,
             err_path=f"{jobdir}.err" if request.keep_output else None,
             on_output=on_output,
-            stage=request.staged,
+            stage=staged,
             # The results listing comes with the exit (a round trip saved): of the paths to bring
             # back, or of what the job created or changed.
             results=list(request.copy_backwards or ()) or None,

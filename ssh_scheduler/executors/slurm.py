@@ -31,6 +31,7 @@ from ssh_scheduler.errors import ConnectionLostError, TransportError
 from ssh_scheduler.executors import slurm_jobs as S
 from ssh_scheduler.executors.base import OutputSink, RunRequest, shell_line
 from ssh_scheduler.executors.host import AgentExecutor, open_executor
+from ssh_scheduler.executors.python_call import work_inputs
 from ssh_scheduler.executors.session import JobExit
 from ssh_scheduler.executors.slurm_array import ARRAY_MARK, parse_array_script
 from ssh_scheduler.executors.slurm_submit import Submitter
@@ -123,8 +124,9 @@ class SlurmExecutor(AgentExecutor):
             # Slurm runs the work on a node of its choosing: the inputs go into the job's folder
             # on the shared filesystem now, not as the job starts.
             try:
-                await self.session.stage(jobdir, *(request.staged or StagePlan([], [])))
-            except ConnectionLostError as exc:
+                staged = await work_inputs(self.cache, request)  # a Python call's runner and pickle too
+                await self.session.stage(jobdir, *(staged or StagePlan([], [])))
+            except TransportError as exc:  # as for a host's inputs (JobRun's staging)
                 return JobExit(None, host_lost=True, message=str(exc))
             needs = request.needs or Needs()
             argv = S.sbatch_argv(
@@ -134,7 +136,7 @@ class SlurmExecutor(AgentExecutor):
                 needs=needs,
                 timeout=request.timeout,
             )
-            script = S.batch_script(shell_line(request), request.env, gpus=needs.gpus)
+            script = S.batch_script(shell_line(request, self.machine.python), request.env, gpus=needs.gpus)
             slurm_id, said, lost = await self._submitter.submit(job, jobdir, argv, script)
             if lost:
                 return JobExit(None, host_lost=True, message=said)

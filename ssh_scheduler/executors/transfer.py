@@ -68,6 +68,8 @@ class HostCache:
         loop = asyncio.get_running_loop()
         for f in new:
             self._ready[f.key] = loop.create_future()
+        # Taken now: a concurrent ensure whose upload fails drops its keys from _ready meanwhile.
+        waiting = [self._ready[key] for key in unique]
         if new:
             try:
                 missing = set(await self.host.have([f.key for f in new], {f.key: f.size for f in new}))
@@ -82,7 +84,7 @@ class HostCache:
             for f in new:
                 if not self._ready[f.key].done():
                     self._ready[f.key].set_result(None)
-        await asyncio.gather(*(self._ready[key] for key in unique))
+        await asyncio.gather(*waiting)
 
     async def resend(self, files: Sequence[LocalFile]) -> None:
         """Send these again: the host said they are gone from its cache (spoiled and removed)."""

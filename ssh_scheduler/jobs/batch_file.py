@@ -31,6 +31,7 @@ from ssh_scheduler.errors import BatchError, plain_text, show_value
 from ssh_scheduler.jobs.command_line import CommandLine, parse_command_line
 from ssh_scheduler.jobs.job_names import RESULT_SUFFIXES, job_name_prefix, job_name_problem
 from ssh_scheduler.jobs.needs import NeedsOverride
+from ssh_scheduler.jobs.python_call import PythonCall
 
 __all__ = ["Job", "check_dependencies", "parse_batch"]
 
@@ -53,6 +54,9 @@ class Job:
     """What this job asks for itself; unset fields take the batch's needs."""
     after: tuple[str, ...] = ()
     """Names of jobs that must finish (exit 0) before this one starts."""
+    call: PythonCall | None = None
+    """A Python call to run instead of ``command``, which then only describes it
+    (``ssh_scheduler.Executor``'s jobs)."""
 
 
 def _show(value: str, limit: int = 60) -> str:

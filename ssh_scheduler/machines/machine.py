@@ -22,6 +22,7 @@ DEFAULT_MAX_SESSIONS = 10
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_KEEP_WARM = 60.0
 """Seconds of idleness the hub keeps a host's connection (and agent) for the next command."""
+DEFAULT_PYTHON = "python3"
 
 MAX_MACHINE_FILE_BYTES = 1 << 20
 
@@ -57,6 +58,9 @@ class Machine:
     """``env:``: variables every job on it gets."""
     setup: tuple[str, ...] = ()
     """``setup:``: shell lines run before every job on it (see machine_env)."""
+    python: str = DEFAULT_PYTHON
+    """``python:``: the interpreter that runs ``Executor`` calls there (a shell word, run after
+    ``setup:``: a venv's ``python``, or ``python3`` on the PATH)."""
     legacy_algorithms: bool = False
     """Also offer SHA-1 key exchange, ``ssh-rsa`` signatures, ``hmac-sha1`` and ``umac-64``
     (an old host that speaks nothing newer)."""

@@ -15,10 +15,12 @@ import shlex
 
 from ssh_scheduler.errors import ConfigError, show_value
 
-__all__ = ["SETUP_FAILED", "parse_env", "parse_setup", "with_setup"]
+__all__ = ["PYTHON_WORD", "SETUP_FAILED", "parse_env", "parse_python", "parse_setup", "with_setup"]
 
 SETUP_FAILED = 126
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+PYTHON_WORD = re.compile(r"[A-Za-z0-9_./~+][A-Za-z0-9_./~+-]*")
+"""What ``python:`` may be: one shell word, a command or a path (its ``~`` expands there)."""
 _CONDA_RE = re.compile(r"(^|[;&|\s])(conda|mamba|micromamba)\s+activate\b")
 _CONDA_HOOK = (
     'for __sshs_conda in conda mamba micromamba; do command -v "$__sshs_conda" >/dev/null 2>&1 '
@@ -49,6 +51,17 @@ def parse_setup(value: object, at: str) -> tuple[str, ...]:
                 f"{at}: 'setup' must be a shell line or a list of them (one command each), got {show_value(line)}"
             )
     return tuple(str(line) for line in lines)
+
+
+def parse_python(value: object, at: str) -> str:
+    """``python:`` names one interpreter: a command on the PATH or a path (``~`` is the remote
+    home), one shell word, so it goes on the call's command line as written."""
+    if not isinstance(value, str) or not PYTHON_WORD.fullmatch(value):
+        raise ConfigError(
+            f"{at}: 'python' must be one interpreter, a command or a path like ~/venvs/exp/bin/python "
+            f"(letters, digits and _ . / ~ + -; no spaces or shell characters), got {show_value(value)}"
+        )
+    return value
 
 
 def with_setup(command: str, setup: tuple[str, ...]) -> str:

@@ -38,6 +38,7 @@ from ssh_scheduler.machines.machine import (
     DEFAULT_KEEP_WARM,
     DEFAULT_MAX_SESSIONS,
     DEFAULT_PORT,
+    DEFAULT_PYTHON,
     DEFAULT_WORKDIR,
     Machine,
     check_keep_warm,
@@ -45,7 +46,7 @@ from ssh_scheduler.machines.machine import (
     check_user,
     normalize_host,
 )
-from ssh_scheduler.machines.machine_env import parse_env, parse_setup
+from ssh_scheduler.machines.machine_env import parse_env, parse_python, parse_setup
 from ssh_scheduler.machines.slurm import parse_slurm_section
 
 __all__ = ["MACHINE_KEYS", "parse_machine_yaml"]
@@ -69,6 +70,7 @@ MACHINE_KEYS: dict[str, str] = {
     "legacy_algorithms": "true to allow SHA-1 and other legacy SSH algorithms, default false",
     "env": "variables every job gets, like {OMP_NUM_THREADS: 4}",
     "setup": "shell lines run before every job, like 'conda activate exp'",
+    "python": "the Python that runs Executor calls, like ~/venvs/exp/bin/python, default python3",
     "proxy_jump": "a jump host, like user@bastion:22",
     "slurm": "this host is a Slurm login node: {partition: gpu, max_queued: 64, ...}",
     "keep_warm": f"seconds the hub keeps the connection warm after a command, 0 = off, default {DEFAULT_KEEP_WARM:g}",
@@ -337,6 +339,7 @@ def parse_machine_yaml(text: str, *, source: str, base_dir: Path | None = None) 
     legacy_algorithms = flag("legacy_algorithms")
     env = parse_env(given("env"), at("env")) if given("env") is not None else ()
     setup = parse_setup(given("setup"), at("setup")) if given("setup") is not None else ()
+    python = parse_python(given("python"), at("python")) if given("python") is not None else DEFAULT_PYTHON
 
     proxy_jump: str | None = None
     raw_jump = given("proxy_jump")
@@ -361,6 +364,7 @@ def parse_machine_yaml(text: str, *, source: str, base_dir: Path | None = None) 
         legacy_algorithms=legacy_algorithms,
         env=env,
         setup=setup,
+        python=python,
         slurm=slurm,
         keep_warm=keep_warm,
         source=source,

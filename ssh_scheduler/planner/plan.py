@@ -78,19 +78,9 @@ from ssh_scheduler.planner.state import PlanState
 # The actions are defined in ssh_scheduler.planner.actions; they are still named here for the
 # coordinator, which takes them from this module with the Planner.
 __all__ = [
-    "Action",
-    "Cleanup",
-    "Commit",
-    "Discard",
-    "KillJob",
-    "PlanOptions",
-    "Planner",
-    "Reprobe",
-    "Revive",
-    "Say",
-    "StartJob",
-    "StopBatch",
-]
+    "Action", "Cleanup", "Commit", "Discard", "KillJob", "PlanOptions", "Planner", "Reprobe", "Revive", "Say",
+    "StartJob", "StopBatch",
+]  # fmt: skip
 
 
 class Planner:
@@ -106,10 +96,13 @@ class Planner:
         *,
         resumable: Mapping[str, Resumable] | None = None,
         already_done: Mapping[str, bool] | None = None,
+        open: bool = False,
     ) -> None:
         """``hosts``: (name, label) pairs.  ``already_done``: jobs of the batch file that are not
-        run now because results exist, with whether they succeeded (for ``after``)."""
+        run now because results exist, with whether they succeeded (for ``after``).  ``open``:
+        more jobs come (:meth:`jobs_added`) until :meth:`close`."""
         self.state = PlanState.new(jobs, hosts, options or PlanOptions(), resumable or {}, already_done or {})
+        self.state.open = open
         self.start = BatchStart(self.state)
         self.halted = False
         self.cancelled = False
@@ -156,7 +149,7 @@ class Planner:
             return False
         if self.state.draining or self.halted:
             return True
-        return not self.state.queued() and not self.start.holding
+        return not self.state.queued() and not self.start.holding and not self.state.open
 
     def phase(self, job: str) -> JobPhase:
         return self.jobs[job].phase
@@ -244,6 +237,16 @@ class Planner:
         return self.start.agent_jobs_found(host, jobs)
 
     # -- jobs ----------------------------------------------------------------------------------
+
+    def jobs_added(self, jobs: Sequence[Job]) -> list[Action]:
+        """Jobs joined an open batch (see :meth:`BatchStart.jobs_added`)."""
+        return self.start.jobs_added(jobs)
+
+    def close(self) -> list[Action]:
+        """No more jobs come: the batch is done once what it holds has ended; what an earlier
+        run left on the hosts for jobs that did not join is ended there."""
+        self.state.open = False
+        return self.start.release_held()
 
     def job_started(self, job: str, now: float, slurm_job: str = "") -> list[Action]:
         """The job's inputs are on its host and its command is about to run (or, on a Slurm

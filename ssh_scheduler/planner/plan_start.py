@@ -17,11 +17,12 @@ placed by :func:`~ssh_scheduler.planner.dispatch.dispatch`.  Pure: no I/O, no cl
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from ssh_scheduler.errors import NoUsableHostError, UnsatisfiableError
-from ssh_scheduler.events import BatchStarted, HostDown, JobNotRun, JobReattached
+from ssh_scheduler.errors import BatchError, NoUsableHostError, UnsatisfiableError
+from ssh_scheduler.events import BatchStarted, HostDown, JobNotRun, JobReattached, JobsAdded
+from ssh_scheduler.jobs.batch_file import Job
 from ssh_scheduler.jobs.needs import Needs
 from ssh_scheduler.machines.host_state import HostState, OwnUsage
 from ssh_scheduler.planner.actions import Action, Cleanup, HostSlot, Say, StartJob
@@ -29,6 +30,7 @@ from ssh_scheduler.planner.allocate import MachineResources, max_concurrent
 from ssh_scheduler.planner.dispatch import dispatch
 from ssh_scheduler.planner.explain import explain_unfit
 from ssh_scheduler.planner.phases import JobPhase, JobSlot, move
+from ssh_scheduler.planner.policy import Resumable
 from ssh_scheduler.planner.state import PlanState
 
 __all__ = ["BatchStart"]
@@ -48,6 +50,9 @@ class BatchStart:
         # taken up there rather than started twice.
         self._held: dict[str, list[JobSlot]] = {}
         self._found: dict[str, Mapping[str, bool]] = {}  # agent jobs of hosts that answered early
+        # An open batch: jobs an earlier run left on a host, kept there for their job to join
+        # (taken up then, not run twice); those that never join are ended at the close.
+        self._adoptable: dict[str, tuple[str, bool, Resumable]] = {}
 
     # -- views ---------------------------------------------------------------------------------
 
@@ -110,6 +115,44 @@ class BatchStart:
             return []
         return self._open() + dispatch(self.state)
 
+    def jobs_added(self, jobs: Sequence[Job]) -> list[Action]:
+        """Jobs joined the batch (an open one).  Before it opens they wait for the opening like
+        the first jobs; after, each is settled now: its needs from the batch's, a job no
+        answered host could ever fit is not run (once every host answered; until then it waits
+        for a host that fits), one whose ``after`` already failed is not run, and what fits is
+        placed.  A name already in the batch is refused (:class:`BatchError`), nothing added."""
+        state = self.state
+        seen: set[str] = set()
+        for job in jobs:
+            if job.name in state.jobs or job.name in seen:
+                raise BatchError(f"job {job.name} is already in this batch; give each job a name of its own")
+            seen.add(job.name)
+        added = state.add(jobs)
+        if not state.began:
+            return []  # settled, refused or queued when the batch opens (_open)
+        assert state.base_needs is not None
+        actions: list[Action] = [Say(JobsAdded(jobs=len(jobs), total=state.total))]
+        for slot, reason in added:
+            if slot.phase is JobPhase.NOT_RUN:
+                actions.append(Say(JobNotRun(job=slot.job.name, reason=reason)))
+                actions += state.not_run_after(slot.job.name, "will not run")
+                continue
+            slot.needs = slot.job.needs.apply(state.base_needs) if not slot.job.needs.empty else state.base_needs
+            if not any(m.could_ever_fit(slot.needs) for m in state.usable()):
+                self._unresolved.add(slot.needs)
+            held = self._adoptable.pop(slot.job.name, None)
+            if held is not None and slot.phase is JobPhase.QUEUED and state.hosts[held[0]].usable:
+                actions += self._adopt(slot, *held)
+            elif slot.phase is JobPhase.QUEUED:
+                state.enqueue(slot)
+        return actions + self._resolve() + dispatch(state)
+
+    def release_held(self) -> list[Action]:
+        """An open batch closes: what earlier runs left on the hosts for jobs that never joined
+        is ended there."""
+        held, self._adoptable = self._adoptable, {}
+        return [Cleanup(host, name) for name, (host, _, _) in held.items()]
+
     def agent_jobs_found(self, host: str, jobs: Mapping[str, bool]) -> list[Action]:
         """What a host's agent still holds from an earlier coordinator (job -> still running):
         take up what the journal says ran there and is still to do; end everything else."""
@@ -124,6 +167,9 @@ class BatchStart:
                 # A claim on a job the journal puts on another host (or on none): ended here,
                 # and the entry stays for the host that really holds it, whenever it answers.
                 entry = None
+            if slot is None and entry is not None and self.state.open:
+                self._adoptable[name] = (host, running, entry)  # its job may join later
+                continue
             if (
                 slot is None
                 or entry is None
@@ -135,14 +181,22 @@ class BatchStart:
                     actions.append(Cleanup(host, name))
                 continue
             self.state.dequeue(slot)
-            placement = slot_host.resources.adopt(name, slot.needs, entry.gpus)
-            move(slot, JobPhase.RUNNING)
-            slot.placement = placement
-            # Its use may be in the probe that just landed: its release then calls for a probe.
-            slot.probes_before = self.state.probes.hosts[host].landed - 1
-            actions.append(Say(JobReattached(job=name, host=host, gpus=placement.gpu_indices, running=running)))
-            actions.append(StartJob(slot.job, placement, slot.attempt, resume=True))
+            actions += self._adopt(slot, host, running, entry)
         return actions
+
+    def _adopt(self, slot: JobSlot, host: str, running: bool, entry: Resumable) -> list[Action]:
+        """Take up the run of ``slot``'s job that an earlier coordinator left on ``host``."""
+        resources = self.state.hosts[host].resources
+        assert resources is not None
+        placement = resources.adopt(slot.job.name, slot.needs, entry.gpus)
+        move(slot, JobPhase.RUNNING)
+        slot.placement = placement
+        # Its use may be in the probe that just landed: its release then calls for a probe.
+        slot.probes_before = self.state.probes.hosts[host].landed - 1
+        return [
+            Say(JobReattached(job=slot.job.name, host=host, gpus=placement.gpu_indices, running=running)),
+            StartJob(slot.job, placement, slot.attempt, resume=True),
+        ]
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -199,10 +253,11 @@ class BatchStart:
             if fits is None:
                 fits = checked[slot.needs] = any(m.could_ever_fit(slot.needs) for m in usable)
             if not fits:
-                if self.answered:
+                if self.answered and not state.open:
                     raise self._never_fits(name, slot.needs, usable, only=len(checked) == 1)
-                self._unresolved.add(slot.needs)
+                self._unresolved.add(slot.needs)  # (an open batch refuses just those jobs)
         state.began = True
+        state.base_needs = base
         limits = tuple(
             (h.label, max_concurrent(h.resources, base)) for h in state.hosts.values() if h.usable and h.resources is not None
         )
@@ -227,7 +282,7 @@ class BatchStart:
                 actions += state.revive(host)
         for name in list(self._found):
             actions += self._take_up(name)
-        return actions
+        return actions + self._resolve()
 
     @staticmethod
     def _never_fits(job: str, needs: Needs, usable: list[MachineResources], *, only: bool) -> UnsatisfiableError:
@@ -248,7 +303,8 @@ class BatchStart:
         self._unresolved = {n for n in self._unresolved if not any(m.could_ever_fit(n) for m in usable)}
         if not self._unresolved or not self.answered:
             return []
-        placed_any = any(slot.placement is not None for slot in state.jobs.values())
+        # An open batch takes more jobs: it refuses only those that can never run.
+        placed_any = state.open or any(slot.placement is not None for slot in state.jobs.values())
         actions: list[Action] = []
         for name, slot in state.jobs.items():
             if slot.needs not in self._unresolved or slot.phase not in (JobPhase.QUEUED, JobPhase.BLOCKED):

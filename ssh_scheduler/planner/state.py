@@ -18,11 +18,13 @@ from ssh_scheduler.jobs.batch_file import Job
 from ssh_scheduler.jobs.needs import Needs
 from ssh_scheduler.planner.actions import Action, HostSlot, PlanOptions, Revive, Say
 from ssh_scheduler.planner.allocate import MachineResources
-from ssh_scheduler.planner.phases import JobPhase, JobSlot, move
+from ssh_scheduler.planner.phases import FINAL_PHASES, JobPhase, JobSlot, move
 from ssh_scheduler.planner.policy import Resumable
 from ssh_scheduler.planner.probe_schedule import ProbeSchedule
 
 __all__ = ["PlanState"]
+
+_ENDED_AS = {JobPhase.FAILED: "failed", JobPhase.CANCELLED: "was cancelled"}
 
 
 @dataclass(slots=True, eq=False)
@@ -47,6 +49,14 @@ class PlanState:
     draining: bool = False
     """Start nothing new (stop, --halt, or every host gone)."""
     paused: bool = False
+    open: bool = False
+    """The batch takes more jobs (``Planner.jobs_added``) until its owner closes it: it is not
+    done while open, even with nothing queued (``ssh_scheduler.Executor``'s batch)."""
+    base_needs: Needs | None = None
+    """The batch's needs as settled when it opened (the default GPU dropped on a fleet without
+    any): jobs added later are settled with them."""
+    done_before: Mapping[str, bool] = field(default_factory=dict)
+    """Jobs not run now because results exist, with whether they succeeded (for ``after``)."""
     last_wait: str = ""
     """The reason of the last Waiting said (each reason is said once)."""
     tally: Counter[JobPhase] = field(default_factory=Counter)
@@ -72,23 +82,38 @@ class PlanState:
             ProbeSchedule(
                 [name for name, _ in hosts], options.probe_interval, options.probe_gap, options.probe_held_max
             ),
+            done_before=dict(already_done),
         )
+        state.add(jobs)
+        return state
+
+    def add(self, jobs: Sequence[Job]) -> list[tuple[JobSlot, str]]:
+        """New slots for ``jobs`` (names not in the batch yet): QUEUED, BLOCKED while they wait
+        for jobs of this batch, or NOT_RUN when one they wait for failed (in an earlier run: it
+        is in :attr:`failed_before`, reported when the batch opens; in this one: returned, with
+        the reason, for the caller to report)."""
         names = {job.name for job in jobs}
+        added: list[tuple[JobSlot, str]] = []
         for job in jobs:
             waiting_on = 0
+            reason = ""
             for name in job.after:
-                if name in names:
+                there = self.jobs.get(name)
+                if name in names or (there is not None and there.phase not in FINAL_PHASES):
                     waiting_on += 1
-                    state.dependents.setdefault(name, []).append(job.name)
-                elif not already_done.get(name, True):
-                    state.failed_before.setdefault(job.name, name)
-            if job.name in state.failed_before:  # reported when the batch opens
+                    self.dependents.setdefault(name, []).append(job.name)
+                elif there is not None and there.phase is not JobPhase.FINISHED:
+                    reason = reason or f"{name} {_ENDED_AS.get(there.phase, 'will not run')}"
+                elif there is None and not self.done_before.get(name, True):
+                    self.failed_before.setdefault(job.name, name)
+            if job.name in self.failed_before or reason:  # failed_before: reported at the opening
                 phase = JobPhase.NOT_RUN
             else:
                 phase = JobPhase.BLOCKED if waiting_on else JobPhase.QUEUED
-            state.jobs[job.name] = JobSlot(job, phase=phase, waiting_on=waiting_on, tally=state.tally)
-            state.tally[phase] += 1
-        return state
+            slot = self.jobs[job.name] = JobSlot(job, phase=phase, waiting_on=waiting_on, tally=self.tally)
+            self.tally[phase] += 1
+            added.append((slot, reason))
+        return added
 
     @property
     def total(self) -> int:

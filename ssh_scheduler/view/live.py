@@ -39,6 +39,7 @@ from ssh_scheduler.events import (
     JobReattached,
     JobRequeued,
     JobRetrying,
+    JobsAdded,
     JobStarted,
 )
 from ssh_scheduler.view.display import plain_subscriber
@@ -96,6 +97,8 @@ class BoardState:
                 self.started_at = time.monotonic() - max(0.0, time.time() - event.t)
                 for name in event.hosts:
                     self.host(name)
+            case JobsAdded():
+                self.total = event.total
             case HostProbed():
                 row = self.host(event.host)
                 row.probe = event
