@@ -36,7 +36,7 @@ Scenarios (``--quick`` sizes in brackets):
   7  the ancestor README's 4-line example on 2 GPU hosts, cold and warm: start to finish, and
      launch to the first job
   remote  execute_remote of one command on one host, cold and warm
-  combine  scripts/bench_combine.py (100k [20k] files)
+  combine  scripts/bench_combine.py (100k [20k] files; only when asked)
   files-in, files-back, big-back  one job moving 5000 small files in / back, or one 200 MB file
      back, vs tar / cat over plain ssh (scripts/bench_driver/scenarios/files.py)
   scale256  256 hosts: connect + probe + one job each vs pdsh running /bin/true on them
@@ -91,7 +91,7 @@ def main() -> int:
         "--scenarios",
         default=DEFAULT,
         help="comma list of 1-7, 'remote', 'combine', the file-transfer ones (" + ", ".join(FILE_SCENARIOS) + "), "
-        + ", ".join(SCALE_SCENARIOS) + " and 'slurm' (default: all but churn)",
+        + ", ".join(SCALE_SCENARIOS) + " and 'slurm' (default: all but churn and combine)",
     )
     ap.add_argument("--quick", action="store_true", help="1 round, smaller sizes")
     ap.add_argument(
