@@ -76,6 +76,11 @@ def verdict(target: dict[str, Any]) -> str:
     return shown + (f" ({known} of {len(target['per_round'])} rounds)" if known < len(target["per_round"]) else "")
 
 
+def cell(text: str) -> str:
+    """Text in a Markdown table cell: a '|' would end the cell."""
+    return text.replace("|", "\\|")
+
+
 def render(result: dict[str, Any], name: str) -> str:
     """The README's block for ``result`` (stored at ``name``, relative to the repository),
     markers included."""
@@ -100,9 +105,9 @@ def render(result: dict[str, Any], name: str) -> str:
             per_round = " ".join(fmt(v) for v in t["per_round"])
             bad = worst(t)
             shown = "-" if bad is None else fmt(bad) + t["unit"]
-            lines.append(f"| {sid} | {t['row']} | {t['target']} | {per_round} | {shown} | {verdict(t)} |")
+            lines.append(f"| {sid} | {cell(t['row'])} | {cell(t['target'])} | {per_round} | {shown} | {verdict(t)} |")
     for sid, why in result.get("errors", {}).items():
-        lines.append(f"| {sid} | (did not run) | {why} | - | - | n/a |")
+        lines.append(f"| {sid} | (did not run) | {cell(why)} | - | - | n/a |")
     lines.append(END)
     return "\n".join(lines)
 
