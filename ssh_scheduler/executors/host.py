@@ -31,6 +31,9 @@ from ssh_scheduler.transport.ssh import connect
 
 __all__ = ["AgentExecutor", "open_executor", "probe_only"]
 
+RESTAGE_TRIES = 3
+"""Runs of one job whose inputs were sent again because they were gone from the host's cache."""
+
 
 class AgentExecutor:
     """A host (over SSH, or this machine through :class:`~ssh_scheduler.transport.local.LocalTransport`)
@@ -81,6 +84,17 @@ class AgentExecutor:
         # The inputs are in the host's cache and the one run request links them and starts the
         # work: it runs from here, as far as the coordinator can tell (--timeout counts from here).
         request.on_started("")
+        for _ in range(RESTAGE_TRIES):
+            ended = await self._run(request, on_output)
+            if not ended.missing:
+                return ended
+            # An input went from the host's cache (a job wrote through its link to it and the
+            # agent removed the spoiled entry): sent again, and the job staged afresh.
+            await self.cache.resend([f for f in request.forward.files if f.key in ended.missing])
+        return JobExit(None, message=f"{self.name}: its inputs kept disappearing from the host's cache "
+                       f"({ended.message}); is a job rewriting them?")
+
+    async def _run(self, request: RunRequest, on_output: OutputSink) -> JobExit:
         jobdir = request.jobdir
         return await self.session.run(
             request.name,
