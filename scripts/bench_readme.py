@@ -81,6 +81,31 @@ def cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+WARM = "warm (2nd call)"
+
+
+def warm_lines(result: dict[str, Any]) -> list[str]:
+    """What each warm row measured, from the SSH logins the hosts saw: a warm call that logged
+    in as often as its cold call reused nothing (no hub kept a connection): a second cold call."""
+    lines = []
+    for sid, scenario in result["scenarios"].items():
+        tools = scenario["tools"]
+        for wname, warm in tools.items():
+            if WARM not in wname:
+                continue
+            cname = wname.replace(WARM, "cold", 1) if wname.replace(WARM, "cold", 1) in tools else wname.replace(" " + WARM, "", 1)
+            if cname not in tools:
+                continue
+            logins = [r["ssh_logins"] for r in warm["runs"] if r.get("ok") and "ssh_logins" in r]
+            cold = [r["ssh_logins"] for r in tools[cname]["runs"] if r.get("ok") and "ssh_logins" in r]
+            if not logins or not cold:
+                continue
+            what = ("a second cold call: it logged in as often as the cold one (nothing kept its connections)"
+                    if min(logins) >= min(cold) else "it reused connections the cold call left")  # fmt: skip
+            lines.append(f"- {sid}, {wname}: SSH logins per call {logins} (cold {cold}): {what}.")
+    return lines
+
+
 def render(result: dict[str, Any], name: str) -> str:
     """The README's block for ``result`` (stored at ``name``, relative to the repository),
     markers included."""
@@ -108,6 +133,9 @@ def render(result: dict[str, Any], name: str) -> str:
             lines.append(f"| {sid} | {cell(t['row'])} | {cell(t['target'])} | {per_round} | {shown} | {verdict(t)} |")
     for sid, why in result.get("errors", {}).items():
         lines.append(f"| {sid} | (did not run) | {cell(why)} | - | - | n/a |")
+    warm = warm_lines(result)
+    if warm:
+        lines += ["", "What the warm rows measured:", *warm]
     lines.append(END)
     return "\n".join(lines)
 
