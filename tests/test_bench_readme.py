@@ -104,3 +104,22 @@ def test_a_verdict_is_the_worst_round() -> None:
     ]  # fmt: skip
     rows = [ln for ln in br.render(result, "bench/results/x.json").splitlines() if "wall <= 1.0 x peer's" in ln]
     assert rows == [f"| {next(iter(result['scenarios']))} | ours | wall <= 1.0 x peer's | 0.500 0.600 1.20 | 1.20x | **NO** |"]
+
+
+def test_the_table_says_what_a_warm_row_measured() -> None:
+    """A warm call that logged in as often as its cold one is called a second cold call; one
+    that logged in less reused what the cold call left (a hub's connections)."""
+    br = bench_readme()
+    run = {"ok": True, "ssh_logins": 16}
+    result = {"scenarios": {"4": {"tools": {
+        "ours cold, 16 hosts": {"runs": [run, run, run]},
+        "ours warm (2nd call), 16 hosts": {"runs": [run, {"ok": True, "ssh_logins": 0}, run]},
+        "remote cold": {"runs": [run]},
+        "remote warm (2nd call)": {"runs": [run]},
+    }}}}  # fmt: skip
+    assert br.warm_lines(result) == [
+        "- 4, ours warm (2nd call), 16 hosts: SSH logins per call [16, 0, 16] (cold [16, 16, 16]): "
+        "it reused connections the cold call left.",
+        "- 4, remote warm (2nd call): SSH logins per call [16] (cold [16]): a second cold call: it "
+        "logged in as often as the cold one (nothing kept its connections).",
+    ]
