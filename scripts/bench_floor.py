@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
-"""The benchmark's floor: the least a scheduler could do with asyncssh.
+"""The benchmark's exec floor: the least a scheduler could do with asyncssh and no agent.
 
-One SSH connection per host (host keys verified against the given known_hosts), then every host
-runs its share of the batch with ``conn.run`` in a loop -- ``--per-host`` loops at once on each
-connection (one channel each, below sshd's MaxSessions).  Jobs are handed out from one shared
-queue, so a fast host takes more.  No placement, no file transfer, no results on disk.
+One SSH connection per host (host keys verified against the given known_hosts; ``--kex`` and
+``--cipher`` pin the algorithms to ours), then every host runs its share of the batch with
+``conn.run`` in a loop -- ``--per-host`` loops at once on each connection (one channel each,
+below sshd's MaxSessions).  Each job is a channel of its own and a login shell running the line
+(more work on the host than our agent's spawn: a bar to clear, not a floor under our design;
+scripts/bench_agent_floor.py is that).  Jobs are handed out from one shared queue, so a fast
+host takes more.  No placement, no file transfer, no results on disk.
 
-    bench_floor.py BATCH --key KEY --known-hosts FILE [--per-host N] USER@IP[:PORT]...
+    bench_floor.py BATCH --key KEY --known-hosts FILE [--per-host N] [--kex K --cipher C]
+                   USER@IP[:PORT]...
 
 Prints one JSON line: {"jobs": N, "failed": F, "seconds": T, "connect_s": C}.
 """
@@ -21,6 +25,7 @@ import time
 from pathlib import Path
 
 import asyncssh
+from bench_kex import add_pinning, asyncssh_options
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, float | int]:
@@ -34,19 +39,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, float | int]:
         user, _, hostport = spec.rpartition("@")
         host, _, port = hostport.partition(":")
         targets.append((user, host, int(port or 22)))
+    options = asyncssh_options(args)
     conns = await asyncio.gather(
-        *(
-            asyncssh.connect(
-                host,
-                port=port,
-                username=user,
-                client_keys=[args.key],
-                known_hosts=args.known_hosts,
-                config=None,
-                agent_path=None,
-            )
-            for user, host, port in targets
-        )
+        *(asyncssh.connect(host, port=port, username=user, **options) for user, host, port in targets)
     )
     connect_s = time.perf_counter() - t0
     failed = 0
@@ -80,7 +75,8 @@ def main() -> int:
     ap.add_argument("hosts", nargs="+", help="USER@IP[:PORT]")
     ap.add_argument("--key", required=True)
     ap.add_argument("--known-hosts", required=True)
-    ap.add_argument("--per-host", type=int, default=8, help="channels at once per connection")
+    ap.add_argument("--per-host", type=int, default=4, help="channels at once per connection")
+    add_pinning(ap)
     args = ap.parse_args()
     result = asyncio.run(main_async(args))
     print(json.dumps(result))

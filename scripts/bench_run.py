@@ -6,34 +6,48 @@ every scenario as whole processes from the command line, as a user would, for ss
 its peers in alternation (the order rotates each round), several rounds.  Wall time is measured
 around the full subprocess (start-up included); peak RSS and CPU come from ``wait4``.
 
-Peers (parallel, pdsh) are slow, so they run at most ``--peer-rounds`` (2) rounds; ssh_scheduler and
-the floor run every round.  ``--ref REV`` measures the package as committed at REV (exported, put
-first on PYTHONPATH) instead of the working tree.  CPU is accounted per run for the client process
-tree (wait4) and for the simulated hosts (their init/sshd reaped children), since on a small
-machine the hosts share its cores.  Benchmarks are not tests: missed targets never fail the run.
+Fair by construction: every tool runs in every round (>= 3 for a verdict) on the same hosts with
+the same jobs at once per host; every OpenSSH peer (pdsh, GNU parallel, the ssh pipes, the
+by-hand sbatch) and asyncssh floor is pinned to the key exchange and cipher ssh_scheduler
+negotiates (scripts/bench_kex.py reads both sides; the report says which); workloads are real
+programs (/bin/true, hostname), never a shell builtin.  Each target is judged round by round on
+the two tools measured back to back, and holds only if its worst round does.  Commands with a
+warm variant run twice, cold (whatever held connections to the hosts is ended first) then warm;
+the report says, from the logins the hosts saw, whether the warm call reused anything.
+
+Two floors under ssh_scheduler's throughput: the exec floor (scripts/bench_floor.py: a channel
+and login shell per job, more host work than our agent: a bar) and the agent floor
+(scripts/bench_agent_floor.py: one channel per host, a minimal stdlib agent spawning each line
+without a shell: what our design can cost at best).  ``--ref REV`` measures the package as
+committed at REV (exported, put first on PYTHONPATH) instead of the working tree.  CPU is
+accounted per run for the client process tree (wait4) and for the simulated hosts (their
+init/sshd reaped children), since on a small machine the hosts share its cores.  Benchmarks are
+not tests: missed targets never fail the run.
 
 Scenarios (``--quick`` sizes in brackets):
-  1  1000 [300] x ``true`` on 4 hosts, no GPU, nothing copied: execute_batch (--num-cpus 0
-     --memory-required 0, and a tiny-needs variant that spreads jobs over the hosts) vs the
-     raw-asyncssh floor (scripts/bench_floor.py) vs GNU parallel -S --controlmaster
+  1  1000 [300] x /bin/true on 4 hosts, 4 at once per host: execute_batch vs the exec floor, the
+     agent floor and GNU parallel -S -M
   2  200 x ``sleep 0.1`` on 4 hosts, 10 slots per host (ideal 0.5 s): execute_batch vs parallel
   3  100 [40] jobs sharing a 20 MB input folder, each writing a 100 KB result: execute_batch
-     (cold caches, then a repeat with warm caches) vs parallel --transferfile/--return
-  4  ``hostname`` on 16 hosts: execute_to vs pdsh -R ssh
+     (cold caches, then a repeat with warm caches) vs parallel --transferfile and --basefile
+  4  ``hostname`` on 16 and 32 hosts: execute_to cold and warm vs pdsh -R ssh and an asyncssh fan-out
   5  scenario 1 with 25 ms added on every host (cluster set_latency) vs the same on the LAN
   6  100,000 [20,000]-line batch, 64 [16] hosts x 8 GPUs, --dry-run: wall, peak RSS, us per job
-  7  the ancestor README's 4-line example on 2 GPU hosts, start to finish
-  combine  scripts/bench_combine.py (100k [20k] files)
+  7  the ancestor README's 4-line example on 2 GPU hosts, cold and warm: start to finish, and
+     launch to the first job
+  remote  execute_remote of one command on one host, cold and warm
+  combine  scripts/bench_combine.py (100k [20k] files; only when asked)
   files-in, files-back, big-back  one job moving 5000 small files in / back, or one 200 MB file
      back, vs tar / cat over plain ssh (scripts/bench_driver/scenarios/files.py)
-  scale256, churn  many hosts from one coordinator: scripts/bench_driver/scenarios/scale.py (not in
-     the default list)
-  slurm  (c) 1000 [200] x ``true`` through a test Slurm vs ``sbatch --array`` by hand
-         (scripts/bench_slurm.py; only when asked: --scenarios slurm)
+  scale256  256 hosts: connect + probe + one job each vs pdsh running /bin/true on them
+  churn  2000 [500] x true on 4, 16 and 32 hosts: CPU per job, probes (only when asked)
+  slurm  (c) 300 [100] x ``true`` through a test Slurm vs one ``sbatch --array`` by hand
+         (scripts/bench_slurm.py)
 
-Results: a table on stdout and JSON in bench/results/<UTC time>-<git sha>.json (+ latest.json).
-The code: this command line and scripts/bench_driver/ (the shared core, one module per scenario
-family).
+Results: a table on stdout and JSON in bench/results/<UTC time>-<label>.json, the label being the
+measured commit (``<sha>-dirty`` when the package had uncommitted changes: not that commit);
+scripts/bench_readme.py makes the README's table from one.  The code: this command line and
+scripts/bench_driver/ (the shared core, one module per scenario family).
 """
 
 from __future__ import annotations
@@ -54,7 +68,7 @@ sys.path.insert(0, str(REPO / "scripts"))  # bench_driver and the helper scripts
 from bench_driver.base import PY, VENV_BIN, log  # noqa: E402
 from bench_driver.bench import Bench  # noqa: E402
 from bench_driver.catalogue import DEFAULT, ON_SMALL_CLUSTER, ORDER, makers  # noqa: E402
-from bench_driver.environment import environment, sh  # noqa: E402
+from bench_driver.environment import environment, label, sh  # noqa: E402
 from bench_driver.records import Scenario, Target  # noqa: E402
 from bench_driver.report import heading, summary  # noqa: E402
 from bench_driver.results import result_text, save  # noqa: E402
@@ -71,30 +85,19 @@ def main() -> int:
         "--rounds",
         type=int,
         default=3,
-        help="rounds per scenario (default 3; median, min-max over rounds)",
+        help="rounds per scenario for every tool (default 3; fewer judge nothing for sure)",
     )
     ap.add_argument(
         "--scenarios",
         default=DEFAULT,
-        help="comma list of 1-7, 'combine', the file-transfer ones (" + ", ".join(FILE_SCENARIOS) + "), "
-        + ", ".join(SCALE_SCENARIOS) + " and 'slurm' (default: 1-7, combine and the file-transfer ones)",
+        help="comma list of 1-7, 'remote', 'combine', the file-transfer ones (" + ", ".join(FILE_SCENARIOS) + "), "
+        + ", ".join(SCALE_SCENARIOS) + " and 'slurm' (default: all but churn and combine)",
     )
     ap.add_argument("--quick", action="store_true", help="1 round, smaller sizes")
-    ap.add_argument(
-        "--peer-rounds",
-        type=int,
-        default=2,
-        help="at most this many rounds for the (slow) peers parallel and pdsh (default 2; the floor and ssh_scheduler run every round)",
-    )
     ap.add_argument(
         "--profile",
         action="store_true",
         help="also run each ssh_scheduler command once under pyinstrument and once under py-spy (untimed) into bench/profiles/",
-    )
-    ap.add_argument(
-        "--floor-channels",
-        default="1,4",
-        help="floor variants: channels at once per host connection (default 1,4)",
     )
     ap.add_argument(
         "--ref",
@@ -110,12 +113,11 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.rounds = 1
-    args.floor_channels = [int(x) for x in str(args.floor_channels).split(",") if x.strip()]
     wanted = [x.strip() for x in args.scenarios.split(",") if x.strip()]
     bad = [w for w in wanted if w not in ORDER]
     if bad or args.rounds < 1:
         ap.error(
-            f"unknown scenario(s) {bad}; choose from 1-7, combine and slurm"
+            f"unknown scenario(s) {bad}; choose from {', '.join(ORDER)}"
             if bad
             else "--rounds must be >= 1"
         )
@@ -146,10 +148,11 @@ def main() -> int:
         sha = sh(["git", "-C", str(REPO), "rev-parse", "--short", args.ref])
         if not sha:
             ap.error(f"--ref {args.ref}: not a git ref")
-        env.update(measured=f"git {args.ref} ({sha})", git_sha=sha, ssh_scheduler_uncommitted_changes=[],
+        env.update(git_sha=sha, ssh_scheduler_uncommitted_changes=[],
                    ssh_scheduler_tree_hash=None, git_subject=sh(["git", "-C", str(REPO), "log", "-1", "--format=%s", args.ref]))  # fmt: skip
-    else:
-        env["measured"] = "working tree"
+    env["measured"], env["label"] = label(env)
+    if env["ssh_scheduler_uncommitted_changes"]:
+        log(f"warning: measuring {env['measured']}: the result is labelled {env['label']}")
     started_utc = dt.datetime.now(dt.UTC)
     log(f"{env['cores']} cores, load {env['loadavg_start']}, git {env['git_sha']}"
         + (f" (+ uncommitted changes in {len(env['ssh_scheduler_uncommitted_changes'])} package files)" if env["ssh_scheduler_uncommitted_changes"] else ""))  # fmt: skip
@@ -208,6 +211,7 @@ def main() -> int:
         bench.close()
 
     total_s = time.monotonic() - t_start
+    env["ssh_match"] = bench.ssh_match
     env["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     table = render_table(done, target_map)
     print()
@@ -224,8 +228,8 @@ def main() -> int:
         target_map=target_map, table=table,
     )  # fmt: skip
     if not args.no_save:
-        saved = save(text, started_utc, env["git_sha"], args.quick)
-        print(f"\nresults: {saved} (and latest.json)")
+        saved = save(text, started_utc, env["label"], args.quick)
+        print(f"\nresults: {saved}")
     if args.out:
         args.out.write_text(text)
     return 0

@@ -6,11 +6,13 @@ Starts its own test Slurm (tests/slurm_cluster.py: slurmctld, 4 slurmd nodes; ne
 Debian's slurmctld slurmd slurm-client munge) with an SSH login node (tests/cluster), then, in
 alternation for ``--rounds`` rounds:
 
-* by hand: ``ssh login sbatch --array=1-N --wrap true``, wall until squeue shows none of them;
+* by hand: ``ssh login sbatch --array=1-N --wrap true``, wall until squeue shows none of them
+  (OpenSSH pinned to the key exchange and cipher ssh_scheduler negotiates: scripts/bench_kex.py);
 * ssh_scheduler: ``execute_batch`` of N lines of ``true`` with the login node's machine YAML
   (``slurm: {max_queued, poll_interval}``), wall and CPU of the whole coordinator process.
 
-Prints a table and, last, one JSON line (scripts/bench_run.py's ``slurm`` scenario reads it).
+Prints a table and, last, one JSON line (scripts/bench_run.py's ``slurm`` scenario reads it),
+with each round's pair of walls and their ratio (``per_round``).
 Benchmarks are not tests: nothing here fails over a number.
 """
 
@@ -31,6 +33,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench_kex import matched  # noqa: E402
+
 from tests.cluster import HostSpec, start_cluster  # noqa: E402
 from tests.slurm_cluster import SlurmCluster, slurm_available, slurm_cluster  # noqa: E402
 
@@ -49,9 +53,9 @@ def wait_drained(slurm: SlurmCluster, timeout: float) -> None:
         time.sleep(0.05)
 
 
-def by_hand(login: object, slurm: SlurmCluster, jobs: int) -> float:
+def by_hand(login: object, slurm: SlurmCluster, jobs: int, options: list[str]) -> float:
     began = time.monotonic()
-    sub = login.ssh(f"sbatch --parsable --array=1-{jobs} -o /dev/null --mem=100M --wrap true")  # type: ignore[attr-defined]
+    sub = login.ssh(f"sbatch --parsable --array=1-{jobs} -o /dev/null --mem=100M --wrap true", options=options)  # type: ignore[attr-defined]
     if sub.returncode != 0:
         raise RuntimeError(f"sbatch failed: {sub.stderr}")
     wait_drained(slurm, 3600)
@@ -65,7 +69,7 @@ def through_us(machine: dict[str, object], jobs: int, workdir: Path) -> tuple[fl
     (workdir / "slurm.yaml").write_text(yaml.safe_dump(machine))
     argv = [PY, "-m", "ssh_scheduler", "execute_batch", "jobs.sh", "--machines", "slurm.yaml",
             "--no-gpu-required", "--num-cpus", "1", "--memory-required", "100", "-q"]  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = measured_env()
     began = time.monotonic()
     proc = subprocess.Popen(
         argv, cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
@@ -83,12 +87,18 @@ def through_us(machine: dict[str, object], jobs: int, workdir: Path) -> tuple[fl
     return wall, usage.ru_utime + usage.ru_stime, done
 
 
+def measured_env() -> dict[str, str]:
+    """The environment the measured package is imported in: a PYTHONPATH given (the driver's
+    --ref puts the exported package there) or this checkout."""
+    return dict(os.environ, PYTHONPATH=os.environ.get("PYTHONPATH") or str(REPO))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--jobs", type=int, default=1000)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--jobs", type=int, default=300)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument(
         "--cpus-per-node", type=int, default=4, help="job slots per node (default 4: 16 in all)"
@@ -106,6 +116,7 @@ def main() -> int:
     try:
         with slurm_cluster(cluster, nodes=args.nodes, cpus_per_node=args.cpus_per_node) as slurm:
             login = cluster.hosts[0]
+            pinned = matched(PY, str(cluster.machines_dir / "login.yaml"), measured_env(), login.ssh_argv())
             machine = slurm.machine_yaml(
                 login, max_queued=args.max_queued, poll_interval=args.poll_interval
             )
@@ -113,7 +124,7 @@ def main() -> int:
                 for r in range(args.rounds):
                     for kind in ("hand", "ours") if r % 2 == 0 else ("ours", "hand"):
                         if kind == "hand":
-                            hand.append(by_hand(login, slurm, args.jobs))
+                            hand.append(by_hand(login, slurm, args.jobs, pinned["options"]))
                         else:
                             ours.append(through_us(machine, args.jobs, Path(tmp) / f"round{r}"))
                         print(
@@ -138,6 +149,11 @@ def main() -> int:
         "coordinator_cpu_s": round(statistics.median(c for _w, c, _n in ours), 2),
         "jobs_finished": min(n for _w, _c, n in ours),
         "rounds": args.rounds,
+        "per_round": [
+            {"by_hand_s": round(h, 2), "through_us_s": round(o[0], 2), "ratio_us_to_hand": round(o[0] / h, 3)}
+            for h, o in zip(hand, ours, strict=True)
+        ],
+        "ssh_match": {k: pinned[k] for k in ("kex", "cipher", "same", "openssh")},
     }
     print(f"{'':24}{'median wall':>12}{'jobs/s':>9}")
     print(f"{'sbatch --array by hand':24}{hand_s:>11.1f}s{args.jobs / hand_s:>9.1f}")

@@ -1,7 +1,9 @@
 """The benchmark driver's modules (scripts/bench_run.py, the scripts/bench_driver/ package and the
 helper scripts scripts/bench_*.py): each one imports on its own, none is over 500 lines, and no
 import circle joins any two modules of scripts/ -- every import counts, inside a function or
-under TYPE_CHECKING too.  No cluster: nothing is run, only imported and parsed.
+under TYPE_CHECKING too.  And the driver's fairness rules, on made-up runs: every tool runs in
+every round, a target is judged round by round on its worst round, and the agent floor's host
+program spawns job lines without a shell.  No cluster.
 
 Run as a script, this file is its own helper, in a fresh interpreter:
 ``test_bench_scripts.py graph SCRIPTS`` prints the import graph of SCRIPTS' modules as JSON (CPython
@@ -17,7 +19,11 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+from types import ModuleType, SimpleNamespace
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "scripts"
@@ -142,6 +148,82 @@ def test_the_circle_check_sees_function_level_and_type_checking_imports(tmp_path
     assert find_cycle(graph) == ["pkg.low", "pkg.mid", "top", "pkg.low"]
     (tmp_path / "pkg" / "mid.py").write_text("x = 1\n")
     assert find_cycle(scripts_graph(tmp_path)) is None
+
+
+def driver(monkeypatch: pytest.MonkeyPatch) -> tuple[ModuleType, ModuleType]:
+    """bench_driver.records and bench_driver.runner, imported as the driver imports them."""
+    monkeypatch.syspath_prepend(str(REPO))
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    return importlib.import_module("bench_driver.records"), importlib.import_module("bench_driver.runner")
+
+
+def test_every_tool_runs_in_every_round_peers_included(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    records, runner = driver(monkeypatch)
+    Cmd = importlib.import_module("bench_driver.measure").Cmd
+    tools = [
+        records.Tool(name, lambda cwd: Cmd(["true"], cwd), kind=kind)
+        for name, kind in (("ours", "ssh_scheduler"), ("pdsh", "peer"), ("floor", "floor"))
+    ]
+    scenario = records.Scenario("x", "made up", [records.Group([t]) for t in tools])
+    bench = SimpleNamespace(
+        args=SimpleNamespace(rounds=3, profile=False), cluster=None, gpu_cluster=None,
+        rundir=lambda sid, tool: Path(tempfile.mkdtemp(dir=tmp_path)),
+    )  # fmt: skip
+    runner.run_scenario(bench, scenario)
+    assert {t.name: [r.round_no for r in t.runs] for t in tools} == {
+        "ours": [0, 1, 2], "pdsh": [0, 1, 2], "floor": [0, 1, 2]
+    }  # fmt: skip
+
+
+def test_a_target_holds_only_if_its_worst_round_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    records, _runner = driver(monkeypatch)
+    Run = importlib.import_module("bench_driver.measure").Run
+
+    def tool(name: str, walls: list[float | None]) -> object:
+        t = records.Tool(name, lambda cwd: None)
+        for n, wall in enumerate(walls):
+            # listed out of round order: rounds pair by their number, not by position
+            t.runs.insert(0, Run(wall or 9.0, 0, 0.0, 0.0, 0.0, 0.0, ok=wall is not None, round_no=n))
+        return t
+
+    ours, peer = tool("ours", [1.0, 1.1, 2.0]), tool("peer", [1.0, 1.0, 1.0])
+    slower = records.slower_target("ours <= 1.5 x peer", ours, peer, 1.5)
+    assert slower.values == [1.0, 1.1, 2.0] and slower.median == 1.1
+    assert slower.worst == 2.0 and slower.met is False  # the median would have said yes
+    faster = records.faster_target("ours >= 0.8 x peer's jobs/s", ours, peer, 0.8)
+    assert faster.worst == 0.5 and faster.met is False
+    assert records.slower_target("t", ours, peer, 2.0).met is True
+    flaky = records.slower_target("t", tool("ours", [1.0, None, 1.2]), peer, 1.5)
+    assert flaky.values == [1.0, None, 1.2] and flaky.met is True
+    assert flaky.shown() == "yes (2 of 3 rounds)"
+    assert flaky.to_json()["per_round"] == [1.0, None, 1.2]
+    one_round = records.slower_target("t", tool("ours", [1.0]), tool("peer", [1.0]), 1.5)
+    assert "indicative" in one_round.shown()
+
+
+def test_the_agent_floor_host_spawns_each_line_without_a_shell(tmp_path: Path) -> None:
+    """Its jobs are programs: a shell word is not run by a shell (127), quotes are words, and
+    at most SLOTS run at once."""
+    marker = tmp_path / "ran"
+    lines = [
+        f"1\t/bin/sh -c 'echo $$ >> {marker}'",  # quoted: one word for sh -c
+        "2\t/bin/false",
+        "3\ttrue && false",  # '&&' is a word here: true ignores its arguments
+        "4\tcd /",  # a shell builtin, not a program
+        "5\t/bin/sleep 0.2",
+        "6\t/bin/sleep 0.2",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", (SCRIPTS / "bench_agent_floor_host.py").read_text(), "1"],
+        input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert dict(ln.split() for ln in done.stdout.splitlines()) == {
+        "1": "0", "2": "1", "3": "0", "4": "127", "5": "0", "6": "0"
+    }  # fmt: skip
+    assert len(marker.read_text().split()) == 1
+    # one slot: the answers come in the order the lines were given
+    assert [ln.split()[0] for ln in done.stdout.splitlines()] == ["1", "2", "3", "4", "5", "6"]
 
 
 if __name__ == "__main__":

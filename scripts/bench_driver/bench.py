@@ -1,6 +1,7 @@
 """The state of one benchmark run: its temporary folder, the test clusters, the environment the
-measured commands get, where the measured package lives (--ref), and the commands every scenario
-family shares (machine files, the peers' command lines, the hosts' work folders)."""
+measured commands get, where the measured package lives (--ref), the key exchange every peer is
+pinned to (ours), and the commands every scenario family shares (machine files, the peers'
+command lines, the floors, the hosts' work folders, making a host cold again)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import argparse
 import contextlib
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -16,13 +18,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench_kex import matched
+
 from bench_driver.base import PY, REPO, log
-from bench_driver.measure import Cmd
+from bench_driver.measure import Cmd, host_tcp
 from tests.cluster import Cluster, GpuSpec, HostSpec, start_cluster
 
-# Tiny non-zero needs: still thousands of slots per host (nothing throttles), but each job lowers
-# the host's score, so jobs spread over the hosts (zero needs all tie and go to the first host).
-SPREAD_NEEDS = ("--num-cpus", "0.001", "--memory-required", "1")
 
 class Bench:
     """One benchmark run; each scenario family's makers take it and build on its clusters."""
@@ -40,6 +41,9 @@ class Bench:
         (self.root / "parallel_home").mkdir()
         (self.root / "parallel_home" / "will-cite").touch()
         self.cluster_info: dict[str, Any] = {}
+        # What ssh_scheduler negotiates (bench_kex.matched), read once from the first cluster:
+        # every OpenSSH peer and asyncssh floor is pinned to it.
+        self.ssh_match: dict[str, Any] | None = None
         self.code_root = REPO  # where the measured ssh_scheduler package lives
         if args.ref:
             self.code_root = export_ref(args.ref, self.root / "code")
@@ -76,10 +80,45 @@ class Bench:
             log(
                 "warning: loopback cluster (not root?): set_latency is unavailable, scenario 5 will be skipped"
             )
+        self.match_ssh(cluster)
         self.write_peer_files(cluster)
         return cluster
 
+    def match_ssh(self, cluster: Cluster) -> dict[str, Any]:
+        """Learn (once) the key exchange and cipher ssh_scheduler negotiates with this cluster's
+        hosts, and check that OpenSSH pinned to them negotiates the same.  Every test host runs
+        the same sshd with the same configuration, so one host answers for all."""
+        if self.ssh_match is None:
+            host = cluster.hosts[0]
+            found = matched(PY, str(cluster.machines_dir / f"{host.name}.yaml"), self.env, host.ssh_argv())
+            self.ssh_match = found
+            if found["same"]:
+                log(f"key exchange: {found['kex']}, cipher {found['cipher']}: ours, and every OpenSSH peer and floor pinned to it")
+            else:
+                log(f"warning: key exchange not matched (ours {found['ours']}, OpenSSH pinned {found['openssh']}): peers keep their defaults")
+        return self.ssh_match
+
+    def openssh_options(self, cluster: Cluster | None = None) -> list[str]:
+        """A plain OpenSSH client's options for the cluster's hosts (its key and known_hosts,
+        strict host keys) and our key exchange and cipher; no port, no destination."""
+        cluster = cluster or self.cluster
+        assert cluster is not None
+        argv = cluster.hosts[0].ssh_argv()
+        base = argv[1 : argv.index("-p")]
+        return [*base, *self.match_ssh(cluster)["options"]]
+
+    def asyncssh_options(self, cluster: Cluster | None = None) -> list[str]:
+        """The floors' options pinning asyncssh to the same key exchange and cipher as ours."""
+        cluster = cluster or self.cluster
+        assert cluster is not None
+        found = self.match_ssh(cluster)
+        return ["--kex", found["kex"], "--cipher", found["cipher"]] if found["same"] else []
+
     def write_peer_files(self, cluster: Cluster) -> None:
+        # GNU parallel's --ssh: the cluster's options and our key exchange, then its arguments.
+        wrapper = self.root / "ssh"
+        wrapper.write_text("#!/bin/sh\nexec ssh " + shlex.join(self.openssh_options(cluster)) + ' "$@"\n')
+        wrapper.chmod(0o755)
         for n in (4, 16):
             hosts = cluster.hosts[:n]
             (self.root / f"sshlogins{n}").write_text(
@@ -124,8 +163,33 @@ class Bench:
 
     # ----- common commands
     def ssh_wrapper(self) -> str:
-        assert self.cluster is not None
-        return str(self.cluster.ssh_wrapper)
+        """``ssh`` for GNU parallel: pinned to our key exchange (write_peer_files)."""
+        return str(self.root / "ssh")
+
+    def pdsh_cmd(self, cwd: Path, cluster: Cluster, names: Sequence[str], command: str, fanout: int) -> Cmd:
+        """``pdsh -R ssh -f FANOUT -w user@ip,... COMMAND`` with OpenSSH pinned to our key
+        exchange (PDSH_SSH_ARGS: the options, then pdsh's own -l%u %h)."""
+        env = dict(self.env)
+        env["PDSH_RCMD_TYPE"] = "ssh"
+        env["PDSH_SSH_ARGS"] = shlex.join(self.openssh_options(cluster)) + " -l%u %h"
+        hosts = ",".join(f"{cluster[n].user}@{cluster[n].ip}" for n in names)
+        return Cmd(["pdsh", "-R", "ssh", "-f", str(fanout), "-w", hosts, command], cwd, env=env)
+
+    def make_cold(self, cluster: Cluster | None = None, names: Sequence[str] | None = None) -> int:
+        """End every SSH connection something still holds open to these hosts (a hub keeping
+        them warm for the next command), from the host's side: the login user's processes
+        there, sessions included, are killed.  A cold run then really connects.  Returns how
+        many connections were held (0 while nothing keeps any)."""
+        cluster = cluster or self.cluster
+        assert cluster is not None
+        held = 0
+        for h in cluster.hosts:
+            if (names is None or h.name in names) and h.init_pid:
+                n = host_tcp(h.init_pid)[1]
+                if n:
+                    h.kill_user_processes()
+                    held += n
+        return held
 
     def parallel_cmd(
         self, cwd: Path, batch: Path, hosts: int, jobs_per_host: int, extra: Sequence[str] = ()
@@ -140,14 +204,18 @@ class Bench:
         ]  # fmt: skip
         return Cmd(argv, cwd, stdin=batch, env=self.env)
 
-    def floor_cmd(self, cwd: Path, batch: Path, names: Sequence[str], per_host: int) -> Cmd:
+    def floor_cmd(self, cwd: Path, batch: Path, names: Sequence[str], per_host: int, script: str = "bench_floor.py") -> Cmd:
+        """A floor (scripts/bench_floor.py: a channel and a login shell per job; or
+        scripts/bench_agent_floor.py: one agent per host) running ``batch`` on ``names``,
+        ``per_host`` jobs at once on each, with our key exchange and cipher."""
         assert self.cluster is not None
         hosts = [f"{self.host(n).user}@{self.host(n).ip}:{self.host(n).port}" for n in names]
         argv = [
-            PY, str(REPO / "scripts" / "bench_floor.py"), str(batch), *hosts,
+            PY, str(REPO / "scripts" / script), str(batch), *hosts,
             "--key", str(self.cluster.key_path),
             "--known-hosts", str(self.cluster.known_hosts),
             "--per-host", str(per_host),
+            *self.asyncssh_options(),
         ]  # fmt: skip
         return Cmd(argv, cwd, env=self.env)
 

@@ -15,6 +15,25 @@ from typing import Any
 
 from bench_driver.base import PY, REPO
 
+# What measures (the driver, its floors and peers' helpers, the test cluster): a change there
+# changes the numbers too, so the result says when it was not committed.
+BENCH_CODE = ("scripts/bench", "scripts/bench_run.py", "scripts/bench_driver", "scripts/bench_floor.py",
+              "scripts/bench_agent_floor.py", "scripts/bench_agent_floor_host.py", "scripts/bench_fanout.py",
+              "scripts/bench_kex.py", "scripts/bench_slurm.py", "scripts/bench_combine.py", "tests/cluster")
+
+
+def label(env: dict[str, Any]) -> tuple[str, str]:
+    """(what was measured, in words; the result file's label).  A run is labelled with a commit
+    only when the package is that commit's: with uncommitted changes to it, the label says
+    ``<sha>-dirty`` and the words say the commit is not what was measured."""
+    sha = env["git_sha"]
+    changed = env["ssh_scheduler_uncommitted_changes"]
+    if changed:
+        return (f"the working tree: git {sha} plus uncommitted changes to {len(changed)} package "
+                f"file(s), not commit {sha}", f"{sha}-dirty")  # fmt: skip
+    bench = env.get("bench_uncommitted_changes") or []
+    return f"git {sha}" + (f" (the benchmark's own code has {len(bench)} uncommitted change(s))" if bench else ""), sha
+
 
 def sh(argv: Sequence[str], cwd: Path | None = None) -> str:
     try:
@@ -39,6 +58,7 @@ def environment() -> dict[str, Any]:
     dirty = sh(
         ["git", "-C", str(REPO), "status", "--porcelain", "--", "ssh_scheduler", "pyproject.toml"]
     )
+    bench_dirty = sh(["git", "-C", str(REPO), "status", "--porcelain", "--", *BENCH_CODE])
     asyncssh_version = sh([PY, "-c", "import asyncssh; print(asyncssh.__version__)"])
     return {
         "cores": os.cpu_count(),
@@ -57,6 +77,7 @@ def environment() -> dict[str, Any]:
         "git_sha": sh(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]) or "nogit",
         "git_subject": sh(["git", "-C", str(REPO), "log", "-1", "--format=%s"]),
         "ssh_scheduler_uncommitted_changes": dirty.splitlines() if dirty else [],
+        "bench_uncommitted_changes": bench_dirty.splitlines() if bench_dirty else [],
         "ssh_scheduler_tree_hash": sh(
             ["sh", "-c", f"cd {REPO} && find ssh_scheduler -name '*.py' | sort | xargs cat | sha256sum | cut -c1-12"]
         ),

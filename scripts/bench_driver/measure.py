@@ -1,6 +1,8 @@
 """Running one whole process and measuring it: wall time around the subprocess (start-up
 included), CPU and peak RSS of its process tree from ``wait4``, the whole machine's busy share,
-and the CPU the simulated hosts spent meanwhile (on a small machine they share its cores)."""
+the CPU the simulated hosts spent meanwhile (on a small machine they share its cores), and the
+SSH connections the hosts accepted during the run and still held after it (what tells a warm
+run that reused connections from a second cold one)."""
 
 from __future__ import annotations
 
@@ -65,6 +67,37 @@ def hosts_cpu_s(clusters: Sequence[Cluster | None]) -> float:
     return total
 
 
+def host_tcp(init_pid: int) -> tuple[int, int]:
+    """(TCP connections the host has accepted so far, connections to its sshd established now),
+    read in its network namespace: ``/proc/<its init>/net`` is that namespace's.  Every
+    connection to a test host is an SSH login, so the first's difference around a run is the
+    logins the run made; the second, read after a run, is what something (a hub) keeps open."""
+    accepted = held = 0
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        lines = Path(f"/proc/{init_pid}/net/snmp").read_text().splitlines()
+        names, values = (ln.split() for ln in lines if ln.startswith("Tcp:"))
+        accepted = int(values[names.index("PassiveOpens")])
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path(f"/proc/{init_pid}/net/tcp").read_text().splitlines()[1:]:
+            local, _remote, state = line.split()[1:4]
+            held += local.endswith(":0016") and state == "01"  # port 22, ESTABLISHED
+    return accepted, held
+
+
+def hosts_tcp(clusters: Sequence[Cluster | None]) -> tuple[int, int]:
+    """:func:`host_tcp` summed over every host of the namespaced clusters; (0, 0) for loopback
+    ones, whose hosts share this machine's counters."""
+    accepted = held = 0
+    for cluster in clusters:
+        if cluster is None or not cluster.namespaces:
+            continue
+        for h in cluster.hosts:
+            if h.init_pid:
+                a, b = host_tcp(h.init_pid)
+                accepted, held = accepted + a, held + b
+    return accepted, held
+
+
 @dataclass
 class Cmd:
     argv: list[str]
@@ -82,6 +115,7 @@ class Run:
     machine_busy_pct: float  # all CPUs, every tenant, during the run
     load1: float  # 1-minute load average when the run started
     hosts_cpu_s: float = 0.0  # CPU the simulated hosts (sshd, agents, jobs) used during the run
+    round_no: int = 0  # which round of its scenario (0-based): runs of one round are compared
     ok: bool = True
     note: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -96,6 +130,7 @@ class Run:
             "peak_rss_mb": round(self.maxrss_mb, 1),
             "machine_busy_pct": round(self.machine_busy_pct, 1),
             "load1_at_start": round(self.load1, 2),
+            "round": self.round_no + 1,
         }
         if self.note:
             d["note"] = self.note
@@ -106,6 +141,7 @@ class Run:
 def run_cmd(cmd: Cmd, timeout: float = RUN_TIMEOUT, clusters: Sequence[Cluster | None] = ()) -> Run:
     """Run one whole process (stdout/stderr to files in its cwd) and measure it."""
     hosts0 = hosts_cpu_s(clusters)
+    accepted0, _held = hosts_tcp(clusters)
     with contextlib.ExitStack() as stack:
         stdin: Any = stack.enter_context(open(cmd.stdin, "rb")) if cmd.stdin else subprocess.DEVNULL
         out = stack.enter_context(open(cmd.cwd / "stdout.txt", "wb"))
@@ -138,6 +174,7 @@ def run_cmd(cmd: Cmd, timeout: float = RUN_TIMEOUT, clusters: Sequence[Cluster |
     proc.returncode = os.waitstatus_to_exitcode(status)
     busy1, total1 = cpu_times()
     hosts1 = hosts_cpu_s(clusters)
+    accepted1, held = hosts_tcp(clusters)
     busy_pct = 100.0 * (busy1 - busy0) / max(1.0, total1 - total0)
     run = Run(
         wall=wall,
@@ -149,6 +186,9 @@ def run_cmd(cmd: Cmd, timeout: float = RUN_TIMEOUT, clusters: Sequence[Cluster |
         hosts_cpu_s=max(0.0, hosts1 - hosts0),
     )
     run.extra["_t0_epoch"] = t0_epoch
+    if any(c is not None and c.namespaces for c in clusters):
+        run.extra["ssh_logins"] = accepted1 - accepted0
+        run.extra["ssh_connections_held_after"] = held
     if timed_out:
         run.ok, run.note = False, f"killed after {timeout:.0f} s"
     elif run.rc != 0:

@@ -13,14 +13,24 @@ from bench_driver.records import Scenario
 
 
 def heading(env: dict[str, Any], started_utc: dt.datetime, quick: bool, rounds: int, total_s: float) -> list[str]:
+    match = env.get("ssh_match") or {}
+    if match.get("same"):
+        kex = (f"key exchange {match['kex']}, cipher {match['cipher']}: ours, and every OpenSSH peer "
+               f"(-o KexAlgorithms/Ciphers, checked with ssh -v) and asyncssh floor pinned to it")
+    elif match:
+        kex = f"key exchange NOT matched: ours {match.get('ours')}, OpenSSH pinned {match.get('openssh')}"
+    else:
+        kex = "key exchange: not read (no SSH scenario ran)"
     return [
-        f"ssh_scheduler benchmark  {started_utc:%Y-%m-%d %H:%M} UTC  git {env['git_sha']}"
-        + (" (uncommitted package changes)" if env["ssh_scheduler_uncommitted_changes"] else "")
-        + f"  {'quick, ' if quick else ''}{rounds} round{'s' if rounds > 1 else ''}, total {total_s:.0f} s",
+        f"ssh_scheduler benchmark  {started_utc:%Y-%m-%d %H:%M} UTC  measured: {env['measured']}"
+        + f"  {'quick, ' if quick else ''}{rounds} round{'s' if rounds > 1 else ''} for every tool, total {total_s:.0f} s",
         f"environment: {env['cores']} cores ({env['cpu_model']}), {env['mem_total']} RAM, {env['os']}, kernel {env['kernel']}, "
         f"Python {env['python']}, asyncssh {env['asyncssh']}, {env['parallel']}, {env['pdsh']}, {env['openssh'].split(',')[0]}",
         f"load average (1/5/15 min): start {env['loadavg_start']}, end {env['loadavg_end']}"
         "  (other tenants of this machine count too; see machine_busy_pct per run in the JSON)",
+        kex,
+        "a target holds only if its worst round holds it; 'per round' = its value in each round "
+        "(a ratio: the two tools' walls measured back to back in that round)",
     ]  # fmt: skip
 
 
@@ -63,8 +73,30 @@ def scenario_lines(s: Scenario) -> list[str]:
             "wall = until 1st job starts + jobs span + after last job ends (medians): "
             + "; ".join(phases)
         )
+    extras += warm_lines(s)
     extras += s.report_last(s)
     return [f"  [{s.sid}] {line}" for line in [s.title, *extras, *s.notes]]
+
+
+def warm_lines(s: Scenario) -> list[str]:
+    """What each warm call reused, read from the hosts: the SSH logins each call made (new TCP
+    connections the hosts accepted), and the connections still open after the cold call."""
+    out = []
+    for warm in (t for t in s.tools if t.warm_of):
+        cold = s.tool(warm.warm_of or "")
+        logins = [int(r.extra["ssh_logins"]) for r in warm.good() if "ssh_logins" in r.extra]
+        cold_logins = [int(r.extra["ssh_logins"]) for r in cold.good() if "ssh_logins" in r.extra]
+        held = [int(r.extra.get("ssh_connections_held_after", 0)) for r in cold.good()]
+        if not logins or not cold_logins:
+            continue  # a loopback cluster: the hosts share this machine's counters
+        if any(held) or min(logins) < min(cold_logins):
+            verdict = "the warm call reused what the cold one left"
+        else:
+            verdict = ("nothing survived the cold call (no connection held after it: no hub in this "
+                       "code), so the warm call is a second cold one")
+        out.append(f"{warm.name}: SSH logins per call {logins} (cold {cold_logins}), connections "
+                   f"held after the cold call {held}: {verdict}")  # fmt: skip
+    return out
 
 
 def summary(done: Sequence[Scenario], errors: dict[str, str]) -> list[str]:

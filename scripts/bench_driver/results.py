@@ -1,6 +1,10 @@
-"""The JSON result of a run (schema 1): the environment, the clusters, every tool's runs and
-statistics, the targets, each scenario's computed values and notes, and the table's lines;
-saved as bench/results/<UTC time>-<git sha>[-quick].json and latest.json."""
+"""The JSON result of a run (schema 2): what was measured (a commit, or a working tree that is
+not one), the environment, the clusters, every tool's runs (each with its round) and
+statistics, the targets with their value in every round, each scenario's computed values and
+notes, and the table's lines; saved as bench/results/<UTC time>-<label>[-quick].json, the label
+being the measured commit, or ``<sha>-dirty`` when the package had uncommitted changes.
+(No latest.json: a result names the code it measured, and the README names the result its
+table was made from.)"""
 
 from __future__ import annotations
 
@@ -29,7 +33,11 @@ def result_text(
     table: str,
 ) -> str:
     result = {
-        "schema": 1,
+        "schema": 2,
+        "measured": env["measured"],
+        "label": env["label"],
+        # the commit whose package was measured; None when it was not one (uncommitted changes)
+        "measured_commit": None if env["label"].endswith("-dirty") else env["git_sha"],
         "started_utc": started_utc.isoformat(timespec="seconds"),
         "total_s": round(total_s, 1),
         "mode": "quick" if quick else "full",
@@ -54,10 +62,9 @@ def result_text(
     return json.dumps(result, indent=1, default=str) + "\n"
 
 
-def save(text: str, started_utc: dt.datetime, git_sha: str, quick: bool) -> Path:
-    """Write the result file and latest.json; returns the result file."""
+def save(text: str, started_utc: dt.datetime, label: str, quick: bool) -> Path:
+    """Write the result file; returns it."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    name = f"{started_utc:%Y-%m-%dT%H%M%SZ}-{git_sha}{'-quick' if quick else ''}.json"
+    name = f"{started_utc:%Y-%m-%dT%H%M%SZ}-{label}{'-quick' if quick else ''}.json"
     (RESULTS_DIR / name).write_text(text)
-    (RESULTS_DIR / "latest.json").write_text(text)
     return RESULTS_DIR / name

@@ -1,5 +1,6 @@
 """Running a scenario: its rounds, the groups in an order that rotates each round, every tool
-in a fresh working folder, measured and verified; the slow peers only for --peer-rounds."""
+in a fresh working folder, measured and verified.  Every tool runs in every round, peers
+included, so each round compares tools measured back to back under the same load."""
 
 from __future__ import annotations
 
@@ -23,11 +24,10 @@ def run_scenario(bench: Bench, s: Scenario) -> None:
                 group.setup()
                 try:
                     for tool in group.tools:
-                        if tool.kind == "peer" and r >= bench.args.peer_rounds:
-                            continue
                         cwd = bench.rundir(s.sid, tool.name)
                         cmd = tool.prepare(cwd)
                         run = run_cmd(cmd, clusters=(bench.cluster, bench.gpu_cluster))
+                        run.round_no = r
                         tool.verify(cmd, run)
                         tool.runs.append(run)
                         status = "ok" if run.ok else f"FAILED ({run.note})"

@@ -17,7 +17,7 @@ from bench_driver.base import VENV_BIN, log
 from bench_driver.bench import Bench
 from bench_driver.measure import Cmd
 from bench_driver.profiling import profile_argv
-from bench_driver.records import SSH_TOOL, Group, Scenario, Target, Tool
+from bench_driver.records import SSH_TOOL, Group, Scenario, Target, Tool, per_round, wall_target
 from bench_driver.verify import verify_lines
 from tests.cluster import GpuSpec, HostSpec, start_cluster
 
@@ -103,14 +103,13 @@ def scenario6(bench: Bench) -> Scenario:
                 * 1e6,
                 2,
             )
-        rss = max((r.maxrss_mb for r in good_big), default=None)
-        s.computed["peak_rss_mb"] = rss
+        s.computed["peak_rss_mb"] = max((r.maxrss_mb for r in good_big), default=None)
         s.computed["hosts"] = info.get("hosts")
         if bench.gpu_fallback:
             s.notes.append("FALLBACK: " + bench.gpu_fallback)
         return [
-            Target("wall <= 2 s", SSH_TOOL, a, 2.0, False, " s"),
-            Target("peak RSS <= 150 MB", SSH_TOOL, rss, 150.0, False, " MB"),
+            wall_target("wall <= 2 s", big, 2.0),
+            Target("peak RSS <= 150 MB", big.name, per_round(big, lambda r: r.maxrss_mb), 150.0, False, " MB"),
         ]
 
     return Scenario(

@@ -2,9 +2,9 @@
 default list).
 
   scale256  256 test hosts (a cluster of its own): connect + probe + one job each (--reserve,
-            and each job waits until every host runs one: a barrier in the cluster's folder, so
-            no host can take a second); wall, the time until the last job started, coordinator
-            peak RSS, and how long the cluster took to start
+            and each job waits until every host runs one: a Barrier, so no host can take a
+            second) vs pdsh running /bin/true on the same hosts; wall, the time until the last
+            job started, coordinator peak RSS, and how long the cluster took to start
   churn     2000 [500] x ``true`` on 4, 16 and 32 hosts (one simulated GPU each, so every probe
             runs nvidia-smi): coordinator CPU ms/job, hosts' CPU ms/job, probes run per host
             (counted on the hosts: their nvidia-smi logs each call)
@@ -12,9 +12,10 @@ default list).
 
 from __future__ import annotations
 
-import contextlib
-import json
+import fcntl
+import os
 import shutil
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -23,34 +24,63 @@ from typing import Any
 
 from bench_driver.base import VENV_BIN, log
 from bench_driver.bench import Bench
-from bench_driver.measure import Cmd, Run
-from bench_driver.records import SSH_TOOL, Group, Scenario, Tool
+from bench_driver.measure import Cmd, Run, read, tail
+from bench_driver.records import SSH_TOOL, Group, Scenario, Target, Tool, slower_target
 from bench_driver.verify import journal_summary
 from tests.cluster import Cluster, GpuSpec, HostSpec, start_cluster
 
 SCALE_SCENARIOS = ("scale256", "churn")
+TRUE = "/bin/true"
+PDSH_FANOUT = 32
 NO_NEEDS = ("--no-gpu-required", "--num-cpus", "0.001", "--memory-required", "1")
 
 
-def barrier_job(folder: Path, hosts: int) -> str:
-    """A job that ends once ``hosts`` jobs (one per host) have started: each marks its host in
-    ``folder``; the one that sees them all opens the barrier for every job."""
-    return (
-        f"touch {folder}/$(hostname); [ $(ls {folder} | wc -l) -lt {hosts} ] || touch {folder}/.open; "
-        f"until [ -e {folder}/.open ]; do sleep 0.5; done\n"
-    )
+class Barrier:
+    """Holds every job of a run until each host runs one, so that no host can take a second:
+    each job marks its host in ``folder``, then waits for a shared lock on ``folder/.lock``,
+    which the benchmark holds exclusively until every host has marked itself (a thread here
+    watches the folder every 10 ms), then lets go: the jobs all end at once, with no polling
+    on the hosts.  The hosts see the folder: they share this machine's file system."""
 
+    def __init__(self, folder: Path, hosts: int) -> None:
+        self.folder, self.hosts = folder, hosts
+        self.opened_at: float | None = None  # epoch seconds when the last host marked itself
+        self._stop = threading.Event()
+        self._lock_file: Any = None
+        self._watcher: threading.Thread | None = None
 
-def _start_times(results: Path) -> list[float]:
-    """When each job started (epoch seconds), from the batch journal."""
-    times = []
-    for journal in results.glob(".journal*"):
-        for line in journal.read_text(errors="replace").splitlines():
-            with contextlib.suppress(ValueError, TypeError, AttributeError):
-                record = json.loads(line)
-                if record.get("state") == "started":
-                    times.append(float(record["t"]))
-    return times
+    def job(self) -> str:
+        return f"touch {self.folder}/$(hostname) && flock -s {self.folder}/.lock true\n"
+
+    def arm(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+        self.folder.mkdir()
+        self.folder.chmod(0o1777)  # every host's user marks itself there
+        lock = self.folder / ".lock"
+        lock.touch()
+        lock.chmod(0o644)  # the hosts' users take it shared: they read it
+        self._lock_file = open(lock)  # noqa: SIM115 (held across the run, closed in release)
+        fcntl.flock(self._lock_file, fcntl.LOCK_EX)
+        self.opened_at = None
+        self._stop.clear()
+        self._watcher = threading.Thread(target=self._watch, daemon=True)
+        self._watcher.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.01):
+            if sum(1 for e in os.scandir(self.folder) if e.name != ".lock") >= self.hosts:
+                self.opened_at = time.time()
+                break
+        fcntl.flock(self._lock_file, fcntl.LOCK_UN)
+
+    def release(self) -> None:
+        """After the run (or when it failed): stop watching, let go of the lock."""
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join()
+        if self._lock_file is not None:
+            self._lock_file.close()
+            self._lock_file = None
 
 
 def scale_makers(bench: Bench) -> dict[str, Callable[[], Scenario]]:
@@ -95,35 +125,54 @@ def _finished_hosts(cwd: Path) -> Counter[str]:
 def scenario_scale256(bench: Bench) -> Scenario:
     hosts = 256
     info: dict[str, Any] = {}
+    state: dict[str, Barrier] = {}
 
     def prepare() -> None:
-        _own_cluster(bench, [HostSpec(cpus=2) for _ in range(hosts)], info, "scale256")
+        cluster = _own_cluster(bench, [HostSpec(cpus=2) for _ in range(hosts)], info, "scale256")
+        state["barrier"] = Barrier(cluster.base / "barrier", hosts)
+
+    def names() -> list[str]:
+        assert bench.gpu_cluster is not None
+        return [h.name for h in bench.gpu_cluster.hosts]
 
     def make(cwd: Path) -> Cmd:
-        assert bench.gpu_cluster is not None
-        barrier = bench.gpu_cluster.base / "barrier"
-        shutil.rmtree(barrier, ignore_errors=True)
-        barrier.mkdir()
-        barrier.chmod(0o1777)  # every host's user marks itself there
-        names = [h.name for h in bench.gpu_cluster.hosts]
-        return _batch_cmd(bench, cwd, barrier_job(barrier, hosts) * hosts, names, *NO_NEEDS, "--reserve", "--quiet")
+        barrier = state["barrier"]
+        barrier.arm()
+        return _batch_cmd(bench, cwd, barrier.job() * hosts, names(), *NO_NEEDS, "--reserve", "--quiet")
 
     def verify(cmd: Cmd, run: Run) -> None:
+        barrier = state["barrier"]
+        barrier.release()
         placed, _first, _last = journal_summary(cmd.cwd / "job_results")
-        starts = _start_times(cmd.cwd / "job_results")
+        t0 = run.extra["_t0_epoch"]
         run.extra.update(
             hosts_used=len(placed),
             most_jobs_on_a_host=max(placed.values(), default=0),
-            last_job_started_s=round(max(starts) - run.extra["_t0_epoch"], 2) if starts else None,
+            last_job_started_s=round(barrier.opened_at - t0, 2) if barrier.opened_at else None,
             peak_rss_per_host_kb=round(run.maxrss_mb * 1024 / hosts),
         )
-        if run.ok and (len(starts) != hosts or len(placed) != hosts):
-            run.ok, run.note = False, f"{len(starts)} jobs started, {len(placed)} hosts used (want {hosts} each)"
+        if run.ok and (barrier.opened_at is None or len(placed) != hosts):
+            run.ok, run.note = False, f"{len(placed)} hosts used (want {hosts}, one job each)"
+
+    def pdsh(cwd: Path) -> Cmd:
+        assert bench.gpu_cluster is not None
+        return bench.pdsh_cmd(cwd, bench.gpu_cluster, names(), TRUE, PDSH_FANOUT)
+
+    def verify_pdsh(cmd: Cmd, run: Run) -> None:
+        # pdsh says each host it could not run on (and each non-zero exit) on stderr
+        if run.ok and read(cmd.cwd / "stderr.txt").strip():
+            run.ok, run.note = False, tail(cmd.cwd / "stderr.txt")
+
+    ours = Tool(SSH_TOOL, make, verify, hosts, "ssh_scheduler")
+    peer = Tool(f"pdsh -R ssh -f {PDSH_FANOUT} {TRUE}", pdsh, verify_pdsh, hosts)
+
+    def targets(s: Scenario) -> list[Target]:
+        return [slower_target("wall <= 1.0 x pdsh's", ours, peer, 1.0)]
 
     def finish() -> None:
-        for r in s.tools[0].good():
+        for r in ours.good():
             s.notes.append(
-                f"wall {r.wall:.1f} s, last job started after "
+                f"round {r.round_no + 1}: wall {r.wall:.1f} s, the last host's job started after "
                 f"{r.extra['last_job_started_s']} s, coordinator peak RSS {r.maxrss_mb:.0f} MB "
                 f"({r.extra['peak_rss_per_host_kb']} KB per host), CPU {r.cpu_s:.1f} s"
             )
@@ -132,11 +181,18 @@ def scenario_scale256(bench: Bench) -> Scenario:
 
     s = Scenario(
         "scale256",
-        f"{hosts} hosts: connect + probe + one job each (--reserve)",
-        [Group([Tool(SSH_TOOL, make, verify, hosts, "ssh_scheduler")])],
-        params={"hosts": hosts},
+        f"{hosts} hosts: connect + probe + one job each (--reserve) vs pdsh running {TRUE} on them",
+        [Group([ours]), Group([peer])],
+        params={"hosts": hosts, "pdsh_fanout": PDSH_FANOUT},
+        targets=targets,
         prepare=prepare,
         finish=finish,
+        notes=[
+            "each job marks its host, then waits until every host has one (a lock the benchmark "
+            "holds until then: no polling on the hosts), so no host takes a second",
+            f"pdsh: -f {PDSH_FANOUT} (its default fan-out), our key exchange and cipher; "
+            "ssh_scheduler connects 8 hosts at once (its default)",
+        ],
     )
     return s
 
