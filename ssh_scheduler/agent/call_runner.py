@@ -148,6 +148,11 @@ def main(argv):
             refuse(info_path, "cloudpickle, sent with the call, does not load on %s: %s: %s" % (
                 this_python(), type(exc).__name__, exc))
         function, args, kwargs = load_call(payload, info_path, header, cloudpickle)
+    if header.get("cwd"):  # a function sweep's combination folder: what the call writes lands there
+        result_path, info_path = os.path.abspath(result_path), os.path.abspath(info_path)
+        if not os.path.isdir(header["cwd"]):
+            os.makedirs(header["cwd"])
+        os.chdir(header["cwd"])
     try:
         value = function(*args, **kwargs)
     except Exception as exc:
