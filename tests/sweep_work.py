@@ -18,9 +18,9 @@ class Failed(Exception):
 def task(method, num_packing, num_zmode, num_run, num_epoch):
     """The 004 example's task: writes metrics.json where it runs (its combination's folder)."""
     with open(os.path.join(HOME, "sweeps.log"), "a") as f:
-        f.write("%s-%s-%s\n" % (method, num_packing, num_zmode))
+        f.write(f"{method}-{num_packing}-{num_zmode}\n")
     if os.path.exists(os.path.join(HOME, "fail_" + method)):
-        raise Failed("%s failed as asked" % method)
+        raise Failed(f"{method} failed as asked")
     with open("metrics.json", "w") as f:
         json.dump({"score": num_packing * 10 + num_zmode, "epochs": num_epoch * num_run}, f)
     return {"host": socket.gethostname(), "cwd": os.path.basename(os.getcwd()), "method": method}
