@@ -1,0 +1,108 @@
+"""The measured programs of the functions benchmark (scenario ``functions``): N calls of a trivial
+Python function on the hosts, from this process's start (a cold start: nothing connected, no
+worker running) to the last result here.
+
+    bench_functions.py ours N MACHINE_YAML...        ssh_scheduler.Executor.map over the machines
+    bench_functions.py dask N --key K --known-hosts F USER@IP... [--python P] [--interface I]
+                                                     dask.distributed.SSHCluster: its scheduler on
+                                                     the first host, one worker of 4 threads on
+                                                     each host, client.map, gather, close
+
+Each prints one JSON line: ``{"ok": ..., "calls": N, "sum": ..., "hosts": {host: calls},
+"started_s": ..., "first_result_s": ...}`` (seconds from the process's start).  Run by the bench
+with the package's venv (``ours``) and with the Dask peer's venv (``dask``, built from the hosts'
+own python3, which runs its workers there); so the module imports neither at its top.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+from collections import Counter
+from typing import Any
+
+T0 = time.monotonic()
+CPUS_PER_HOST = 4  # the bench's hosts (scripts/bench_driver/bench.py: HostSpec(cpus=4))
+
+
+def trivial(x: int) -> tuple[int, str]:
+    """The call: its argument back, and where it ran (the bench checks the spread)."""
+    return x, socket.gethostname()
+
+
+def report(values: list[tuple[int, str]], n: int, first: float | None, **more: Any) -> None:
+    total = sum(v for v, _ in values)
+    print(json.dumps({
+        "ok": total == n * (n - 1) // 2 and len(values) == n, "calls": len(values), "sum": total,
+        "hosts": dict(sorted(Counter(h for _, h in values).items())),
+        "first_result_s": None if first is None else round(first - T0, 3),
+        "end_s": round(time.monotonic() - T0, 3), **more,
+    }), flush=True)  # fmt: skip
+
+
+def ours(n: int, machines: list[str]) -> None:
+    from ssh_scheduler import Executor
+
+    os.makedirs("empty", exist_ok=True)  # nothing to copy forward: the function travels by value
+    first = None
+    values = []
+    with Executor(machines, no_gpu_required=True, num_cpus=0.001, memory_required=1, resume=False,
+                  copy_forwards=["empty"]) as ex:  # fmt: skip
+        for value in ex.map(trivial, range(n)):
+            first = first or time.monotonic()
+            values.append(value)
+    report(values, n, first)
+
+
+def dask(n: int, hosts: list[str], key: str, known_hosts: str, python: str, interface: str) -> None:
+    from dask.distributed import Client, SSHCluster, as_completed
+
+    users = [h.partition("@")[0] for h in hosts]
+    ips = [h.partition("@")[2] for h in hosts]
+    # The scheduler on the first host, beside its worker (SSHCluster's first host is the
+    # scheduler's); each login has its own user, so one set of connect options per host.
+    options = [{"username": u, "client_keys": [key], "known_hosts": known_hosts} for u in [users[0], *users]]
+    started = None
+    with SSHCluster(
+        [ips[0], *ips], connect_options=options, remote_python=python,
+        # eth0: the host's one interface; without it dask takes the address its route to the
+        # internet has, which a host without one lacks (127.0.0.1: unreachable from the others)
+        worker_options={"nthreads": CPUS_PER_HOST, "n_workers": 1, "interface": interface},
+        scheduler_options={"port": 0, "dashboard_address": None, "interface": interface},
+    ) as cluster, Client(cluster) as client:  # fmt: skip
+        started = time.monotonic()
+        futures = client.map(trivial, range(n), pure=False)
+        first = None
+        for _ in as_completed(futures):
+            first = first or time.monotonic()
+            break
+        values = client.gather(futures)
+    report(values, n, first, cluster_up_s=round(started - T0, 3))
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="tool", required=True)
+    mine = sub.add_parser("ours")
+    mine.add_argument("n", type=int)
+    mine.add_argument("machines", nargs="+")
+    peer = sub.add_parser("dask")
+    peer.add_argument("n", type=int)
+    peer.add_argument("hosts", nargs="+", help="USER@IP of each host")
+    peer.add_argument("--key", required=True)
+    peer.add_argument("--known-hosts", required=True)
+    peer.add_argument("--python", default="python3", help="the Python that runs dask on the hosts")
+    peer.add_argument("--interface", default="eth0", help="the hosts' network interface dask listens on")
+    args = parser.parse_args(argv)
+    if args.tool == "ours":
+        ours(args.n, args.machines)
+    else:
+        dask(args.n, args.hosts, args.key, args.known_hosts, args.python, args.interface)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
