@@ -3,6 +3,7 @@ Python function on the hosts, from this process's start (a cold start: nothing c
 worker running) to the last result here.
 
     bench_functions.py ours N MACHINE_YAML...        ssh_scheduler.Executor.map over the machines
+                                                     (the function in a module copied forward)
     bench_functions.py dask N --key K --known-hosts F USER@IP... [--python P] [--interface I]
                                                      dask.distributed.SSHCluster: its scheduler on
                                                      the first host, one worker of 4 threads on
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import sys
 import time
@@ -45,14 +47,19 @@ def report(values: list[tuple[int, str]], n: int, first: float | None, **more: A
 
 
 def ours(n: int, machines: list[str]) -> None:
+    # The function as a user's usually is: in a module of the folder, which is copied forward
+    # (this file, as bench_calls.py), so it travels by name.
+    shutil.copy(__file__, "bench_calls.py")
+    sys.path.insert(0, os.getcwd())
+    from bench_calls import trivial as by_name  # type: ignore[import-not-found]
+
     from ssh_scheduler import Executor
 
-    os.makedirs("empty", exist_ok=True)  # nothing to copy forward: the function travels by value
     first = None
     values = []
     with Executor(machines, no_gpu_required=True, num_cpus=0.001, memory_required=1, resume=False,
-                  copy_forwards=["empty"]) as ex:  # fmt: skip
-        for value in ex.map(trivial, range(n)):
+                  copy_forwards=["bench_calls.py"]) as ex:  # fmt: skip
+        for value in ex.map(by_name, range(n)):
             first = first or time.monotonic()
             values.append(value)
     report(values, n, first)
