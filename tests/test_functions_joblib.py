@@ -99,6 +99,24 @@ def test_n_jobs_bounds_the_calls_under_way(cluster4: Cluster, project: Path) -> 
             assert under_way.peak > 2, under_way.peak
 
 
+def test_a_batch_of_calls_is_one_job(cluster4: Cluster, project: Path) -> None:
+    """Parallel(batch_size=10, pre_dispatch="all"): 40 calls in 4 jobs, each running its 10 calls in one process;
+    the values in order all the same, a call's exception raised as itself."""
+    import sweep_work
+
+    under_way = UnderWay()
+    bus = EventBus()
+    bus.subscribe(under_way)
+    with joblib.parallel_config(backend="ssh_scheduler", machines=machines(cluster4), bus=bus, **CHEAP):
+        got = joblib.Parallel(n_jobs=-1, batch_size=10, pre_dispatch="all")(joblib.delayed(sweep_work.square)(x) for x in range(40))
+        assert [value for value, _ in got] == [x * x for x in range(40)]
+        assert under_way.started == 4
+        # a batch's hosts are the same for its 10 calls: they ran in one process
+        assert all(len({host for _, host in got[i : i + 10]}) == 1 for i in range(0, 40, 10))
+        with pytest.raises(sweep_work.Failed, match="three is refused"):
+            joblib.Parallel(n_jobs=-1, batch_size=4, pre_dispatch="all")(joblib.delayed(sweep_work.refuse)(x) for x in range(8))
+
+
 def test_an_executor_of_the_script_is_used_and_left_open(cluster4: Cluster, project: Path) -> None:
     import sweep_work
 

@@ -15,16 +15,23 @@ What ``parallel_config`` is given besides ``backend`` and ``n_jobs`` goes to
 executor the backend made lives as long as one ``Parallel`` call (or ``with Parallel(...)``
 block): its hosts are reached at the first task and left when the call ends.
 
-Each task joblib hands over (a batch of ``delayed`` calls) is unpacked into its calls, and each
-call is a call of the executor, a job of its own: no joblib on the hosts, each call placed,
-retried and resumed as ``Executor.submit`` does; the batch's future is done when its calls are.
-joblib's own batching is left at its default (one call per batch: this backend does not
-auto-batch, a call being a job with its own folder, output and resume key).
+Each task joblib hands over is a batch of ``delayed`` calls.  A batch of one call (joblib's
+default here: this backend does not auto-batch) is a call of the executor, a job of its own:
+placed, retried and resumed as ``Executor.submit`` does, no joblib needed on the hosts.  A larger
+batch, asked for with ``Parallel(batch_size=50, pre_dispatch="all")`` (joblib's default
+``pre_dispatch`` counts calls, and cuts the first batches down to fit it), is one job that runs its calls one after
+another in one Python process: a process per call costs tens of milliseconds of a host's CPU,
+which for trivial calls is most of the work.  Such a job is a call of a small function that
+travels by value (:data:`RUN_BATCH`), so its hosts need the coordinator's minor version of
+Python (a host with another refuses it, in one line); its calls fail, retry and resume together,
+as a joblib batch does anywhere.
 
-``n_jobs``: a positive number is the most calls on the fleet at once (those beyond wait here,
+``n_jobs``: a positive number is the most jobs (calls, or batches of them) on the fleet at once (those beyond wait here,
 as a process pool's tasks wait for a worker); ``-1`` (or any negative number) is no bound of
 ours: the planner runs as many as the machines' free CPUs, memory and GPUs take, and joblib is
-told :data:`UNBOUNDED` (its ``pre_dispatch`` hands over twice that many calls ahead).
+told :data:`UNBOUNDED` (its ``pre_dispatch`` hands over twice that many calls ahead), or, with
+a ``batch_size``, the number of machines (so that joblib keeps the batches that size).
+``n_jobs=1`` runs on the machines too, one call at a time.
 """
 
 from __future__ import annotations
@@ -56,12 +63,26 @@ ahead, enough to keep a large fleet busy; how many run at once is the planner's 
 Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
 
+def _batch_runner() -> Callable[[list[Call]], list[Any]]:
+    def run_batch(items: list[Call]) -> list[Any]:
+        return [function(*args, **kwargs) for function, args, kwargs in items]
+
+    return run_batch
+
+
+RUN_BATCH = _batch_runner()
+"""A batch of calls as one call: defined in a function, so cloudpickle sends it by value (the
+hosts need no ssh_scheduler, nor joblib)."""
+
+
 class _Batch(concurrent.futures.Future[list[Any]]):
     """One joblib task: its calls' futures, done (with their values in order, or the first
     failed call's exception in order) when every call has ended."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, whole: bool = False) -> None:
+        """``whole``: one call ran the batch (:data:`RUN_BATCH`); its value is the batch's."""
         super().__init__()
+        self.whole = whole
         self.parts: list[concurrent.futures.Future[Any] | None] = [None] * size
         self.left = size
         self.lock = threading.Lock()
@@ -80,7 +101,8 @@ class _Batch(concurrent.futures.Future[list[Any]]):
             if future.exception() is not None:
                 self.set_exception(future.exception())
                 return
-        self.set_result([future.result() for future in self.parts if future is not None])
+        values = [future.result() for future in self.parts if future is not None]
+        self.set_result(values[0] if self.whole else values)
 
 
 class SshSchedulerBackend(ParallelBackendBase):  # type: ignore[misc]
@@ -98,6 +120,7 @@ class SshSchedulerBackend(ParallelBackendBase):  # type: ignore[misc]
         self.executor = executor
         self.owned = False
         self.limit: int | None = None
+        self.fleet_n_jobs = UNBOUNDED
         self.lock = threading.Lock()
         self.waiting: deque[tuple[Call, _Batch, int]] = deque()
         self.running: set[concurrent.futures.Future[Any]] = set()
@@ -106,22 +129,31 @@ class SshSchedulerBackend(ParallelBackendBase):  # type: ignore[misc]
         if n_jobs == 0:
             raise ValueError("n_jobs == 0 in Parallel has no meaning")
         if n_jobs is None or n_jobs < 0:
-            return UNBOUNDED
-        return n_jobs
+            return self.fleet_n_jobs
+        return max(2, n_jobs)  # (1 would make joblib run the calls here, one after another)
 
     def configure(self, n_jobs: int | None = 1, parallel: Any = None, **backend_kwargs: Any) -> int:
         self.parallel = parallel
-        self.limit = None if n_jobs is None or n_jobs < 0 else self.effective_n_jobs(n_jobs)
         if self.executor is None:
             self.executor = Executor(**self.options)
             self.owned = True
+        # joblib cuts the calls into n_jobs slices of batch_size: with batches asked for, -1 is
+        # the number of machines (else joblib, told UNBOUNDED, would cut them back to single calls)
+        batch_size = getattr(parallel, "batch_size", "auto")
+        batched = isinstance(batch_size, int) and batch_size > 1
+        self.fleet_n_jobs = max(2, len(self.executor.machines)) if batched else UNBOUNDED
+        self.limit = None if n_jobs is None or n_jobs < 0 else n_jobs
         return self.effective_n_jobs(n_jobs)
 
     def submit(self, func: Callable[[], Any], callback: Callable[[Any], None] | None = None) -> _Batch:
-        """Each call of joblib's batch as a call of the executor (a ``BatchedCalls`` holds them
-        in ``items``; anything else is one call of itself)."""
+        """A batch of one call as that call, a larger one as one call of :data:`RUN_BATCH` (a
+        ``BatchedCalls`` holds its calls in ``items``; anything else is one call of itself)."""
         items: list[Call] = list(getattr(func, "items", None) or [(func, (), {})])
-        batch = _Batch(len(items))
+        if len(items) > 1:
+            batch = _Batch(1, whole=True)
+            items = [(RUN_BATCH, (items,), {})]
+        else:
+            batch = _Batch(len(items))
         if callback is not None:
             batch.add_done_callback(callback)
         with self.lock:
