@@ -3,7 +3,9 @@ Python function on the hosts, from this process's start (a cold start: nothing c
 worker running) to the last result here.
 
     bench_functions.py ours N MACHINE_YAML...        ssh_scheduler.Executor.map over the machines
-                                                     (the function in a module copied forward)
+                                                     (the function in a module copied forward);
+                                                     --joblib-batch K: joblib's Parallel with
+                                                     batch_size K instead (K calls per job)
     bench_functions.py dask N --key K --known-hosts F USER@IP... [--python P] [--interface I]
                                                      dask.distributed.SSHCluster: its scheduler on
                                                      the first host, one worker of 4 threads on
@@ -46,7 +48,7 @@ def report(values: list[tuple[int, str]], n: int, first: float | None, **more: A
     }), flush=True)  # fmt: skip
 
 
-def ours(n: int, machines: list[str]) -> None:
+def ours(n: int, machines: list[str], batch_size: int = 0) -> None:
     # The function as a user's usually is: in a module of the folder, which is copied forward
     # (this file, as bench_calls.py), so it travels by name.
     shutil.copy(__file__, "bench_calls.py")
@@ -57,8 +59,23 @@ def ours(n: int, machines: list[str]) -> None:
 
     first = None
     values = []
-    with Executor(machines, no_gpu_required=True, num_cpus=0.001, memory_required=1, resume=False,
-                  copy_forwards=["bench_calls.py"]) as ex:  # fmt: skip
+    options: dict[str, Any] = {"no_gpu_required": True, "num_cpus": 0.001, "memory_required": 1, "resume": False,
+                               "copy_forwards": ["bench_calls.py"]}  # fmt: skip
+    if batch_size:  # joblib's Parallel over the backend, batch_size calls per job
+        import joblib
+
+        import ssh_scheduler.functions.joblib_backend  # noqa: F401  (registers it)
+
+        with joblib.parallel_config(backend="ssh_scheduler", machines=machines, **options):
+            out = joblib.Parallel(n_jobs=-1, batch_size=batch_size, pre_dispatch="all", return_as="generator")(
+                joblib.delayed(by_name)(x) for x in range(n)
+            )
+            for value in out:
+                first = first or time.monotonic()
+                values.append(value)
+        report(values, n, first)
+        return
+    with Executor(machines, **options) as ex:
         for value in ex.map(by_name, range(n)):
             first = first or time.monotonic()
             values.append(value)
@@ -97,6 +114,7 @@ def main(argv: list[str]) -> None:
     mine = sub.add_parser("ours")
     mine.add_argument("n", type=int)
     mine.add_argument("machines", nargs="+")
+    mine.add_argument("--joblib-batch", type=int, default=0, help="through joblib, this many calls per job")
     peer = sub.add_parser("dask")
     peer.add_argument("n", type=int)
     peer.add_argument("hosts", nargs="+", help="USER@IP of each host")
@@ -106,7 +124,7 @@ def main(argv: list[str]) -> None:
     peer.add_argument("--interface", default="eth0", help="the hosts' network interface dask listens on")
     args = parser.parse_args(argv)
     if args.tool == "ours":
-        ours(args.n, args.machines)
+        ours(args.n, args.machines, args.joblib_batch)
     else:
         dask(args.n, args.hosts, args.key, args.known_hosts, args.python, args.interface)
 

@@ -3,7 +3,9 @@
   functions  1000 [300] calls of a trivial function on 4 hosts, from a cold start (the process's
              start) to the last result: ``ssh_scheduler.Executor.map``, Dask's ``SSHCluster`` doing
              the same on the same hosts (its scheduler and workers started over SSH: start-up
-             included), and 1000 [300] shell ``true`` jobs through ``execute_batch``; every tool
+             included), the same calls through joblib's ``Parallel(batch_size=50)`` over our
+             backend (50 calls per job, in one process), and 1000 [300] shell ``true`` jobs
+             through ``execute_batch``; every tool
              every round, the order rotating, with each round's ratios and the worst round.
 
 The measured programs are scripts/bench_functions.py.  Dask runs from its own venv,
@@ -29,6 +31,8 @@ from bench_driver.verify import verify_batch
 DASK_PY = REPO / ".venv" / "peers" / "dask" / "bin" / "python"
 SCRIPT = REPO / "scripts" / "bench_functions.py"
 EXECUTOR = SSH_TOOL + " Executor.map"
+JOBLIB_BATCH = 50
+JOBLIB = SSH_TOOL + f" joblib Parallel(batch_size={JOBLIB_BATCH})"
 DASK = "Dask SSHCluster (start-up included)"
 TRUE_JOBS = SSH_TOOL + " execute_batch, shell true"
 
@@ -57,6 +61,10 @@ def scenario_functions(bench: Bench) -> Scenario:
     def ours(cwd: Path) -> Cmd:
         return Cmd([PY, str(SCRIPT), "ours", str(n), *bench.machines(names)], cwd, env=bench.env)
 
+    def joblib(cwd: Path) -> Cmd:
+        argv = [PY, str(SCRIPT), "ours", str(n), *bench.machines(names), "--joblib-batch", str(JOBLIB_BATCH)]
+        return Cmd(argv, cwd, env=bench.env)
+
     def dask(cwd: Path) -> Cmd:
         cluster = bench.cluster
         assert cluster is not None
@@ -82,26 +90,29 @@ def scenario_functions(bench: Bench) -> Scenario:
 
     # Every tool every round ("reference" and "info" are not the slow peers --peer-rounds cuts).
     executor = Tool(EXECUTOR, ours, verify_calls(n), n, "ssh_scheduler")
+    batched = Tool(JOBLIB, joblib, verify_calls(n), n, "info")
     peer = Tool(DASK, dask, verify_calls(n), n, "reference")
     shell = Tool(TRUE_JOBS, true_jobs, verify_batch(n), n, "info", profile_argv=profile_argv)
 
     def targets(s: Scenario) -> list[Target]:
-        mine, theirs = executor.median(), peer.median()
-        return [Target("end to end >= 1.0 x Dask's (Dask's wall / ours)", EXECUTOR,
-                       theirs / mine if mine and theirs else None, 1.0, True, "x")]  # fmt: skip
+        theirs = peer.median()
+        return [Target("end to end >= 1.0 x Dask's (Dask's wall / ours)", tool.name,
+                       theirs / mine if (mine := tool.median()) and theirs else None, 1.0, True, "x")
+                for tool in (executor, batched)]  # fmt: skip
 
     return Scenario(
         "functions",
         f"{n} calls of a trivial function on 4 hosts, cold start to last result: Executor.map vs "
         f"Dask SSHCluster (start-up included) vs {n} x true through execute_batch",
-        [Group([executor]), Group([peer]), Group([shell])],
+        [Group([executor]), Group([peer]), Group([batched]), Group([shell])],
         {"calls": n, "hosts": 4, "cpus_per_host": 4, "dask_workers": "1 per host, 4 threads",
          "executor_needs": "no GPU, num_cpus 0.001, memory 1 MB (as execute_batch's SPREAD_NEEDS)"},
         targets,
         notes=[
             "Dask: scheduler on h1 beside its worker, one worker of 4 threads per host, client.map "
             "then gather; its venv is .venv/peers/dask (the hosts' python3)",
-            "each Executor call is a job: one Python process per call on its host",
+            "each Executor call is a job: one Python process per call on its host; joblib with "
+            f"batch_size={JOBLIB_BATCH} runs {JOBLIB_BATCH} calls per job, in one process",
         ],
         report_last=per_round,
     )
@@ -109,7 +120,7 @@ def scenario_functions(bench: Bench) -> Scenario:
 
 def per_round(s: Scenario) -> list[str]:
     """Each round's ratios (runs of one round side by side) and the worst round, with the load."""
-    mine, theirs, shell = s.tool(EXECUTOR), s.tool(DASK), s.tool(TRUE_JOBS)
+    mine, theirs, shell, batched = s.tool(EXECUTOR), s.tool(DASK), s.tool(TRUE_JOBS), s.tool(JOBLIB)
     out = []
     worst: float | None = None
     for i, run in enumerate(mine.runs):
@@ -123,10 +134,16 @@ def per_round(s: Scenario) -> list[str]:
             parts.append(f"Dask {dask.wall:.2f} s (cluster up at {up} s): {ratio:.2f}x Dask")
         elif dask is not None:
             parts.append(f"Dask failed ({dask.note})")
+        joblib = batched.runs[i] if i < len(batched.runs) else None
+        if joblib is not None and joblib.ok and dask is not None and dask.ok:
+            parts.append(f"joblib batches {joblib.wall:.2f} s: {dask.wall / joblib.wall:.2f}x Dask")
         if true is not None and true.ok and run.ok:
             parts.append(f"{s.params['calls']} x true {true.wall:.2f} s: calls take {run.wall / true.wall:.1f}x as long")
         parts.append(f"load1 at start {run.load1:.2f}, machine busy {run.machine_busy_pct:.0f}%")
         out.append("; ".join(parts))
     if worst is not None:
-        out.append(f"worst round: {worst:.2f}x Dask (target >= 1.0x)")
+        out.append(f"worst round: Executor.map {worst:.2f}x Dask (target >= 1.0x)")
+    pairs = [(d.wall / j.wall) for d, j in zip(theirs.runs, batched.runs, strict=False) if d.ok and j.ok]
+    if pairs:
+        out.append(f"worst round: joblib batches {min(pairs):.2f}x Dask")
     return out
