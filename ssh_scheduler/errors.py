@@ -9,17 +9,42 @@ are *data* (results, events), not exceptions.
 from __future__ import annotations
 
 
+def plain_text(text: object, limit: int | None = None, *, tabs: bool = False) -> str:
+    """THE sanitizer: text from outside (a host, a job, a file, a socket, a command line) as
+    it may reach a terminal.  Every character a terminal could act on is written as its escape:
+    C0 and C1 controls (ESC, CSI, BEL, a carriage return, a newline), DEL, bidi overrides and
+    other format characters, line and paragraph separators, lone surrogates (undecodable bytes).
+    So no text shown can retitle a window, clear the screen, move the cursor or start a line of
+    its own (a fake ``done:``).  Printable text, backslashes included, is left as it is.  Cut
+    to ``limit`` characters (ending ``...``) when given.  ``tabs``: a tab is kept (a line of
+    tab-separated values; a tab cannot move back over text).  Every printer of the CLI, the live
+    view and the library's log lines go through it; fields are also passed through it where the
+    layout must be measured (tables)."""
+    shown = text if isinstance(text, str) else "" if text is None else str(text)
+    if not shown.isprintable():
+        shown = "".join(c if c.isprintable() or (tabs and c == "\t") else _escape(c) for c in shown)
+    if limit is not None and len(shown) > limit:
+        shown = shown[: max(limit - 3, 0)] + "..."
+    return shown
+
+
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(char: str) -> str:
+    named = _NAMED.get(char)
+    if named is not None:
+        return named
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
 def show_value(value: object, limit: int = 80) -> str:
-    """A user value for a one-line message: repr (control characters escaped), cut if long."""
-    text = repr(value)
+    """A user value for a one-line message: its repr (quoted, escaped), cut if long."""
+    text = plain_text(repr(value))
     if len(text) > limit:
         text = text[: limit - 4] + "...'"
     return text
-
-
-def plain_text(text: str) -> str:
-    """A path or spec for a message, without control characters (keeps messages one line)."""
-    return text if text.isprintable() else repr(text)[1:-1]
 
 
 class SchedulerError(Exception):
@@ -81,6 +106,12 @@ class AgentStartError(ConnectionLostError):
 
 class TransferError(SchedulerError):
     """A copy forward or back was refused or failed (unsafe name, limit exceeded, I/O error)."""
+
+
+class LocalWriteError(TransferError):
+    """Writing on this machine failed (a full disk, a quota, an unwritable results folder): the
+    batch's failure, never a host's.  Nothing new starts; what could not come home stays on its
+    host."""
 
 
 class ConflictError(SchedulerError):

@@ -59,17 +59,22 @@ TIMED_OUT = 124
 class Ended:
     """How a command ended.  ``code`` is its exit status (128+n for signal n), ``None`` when it
     never got one (host lost, never started, cancelled).  Expected failures are data, not
-    exceptions: a lost host is ``host_lost=True`` with the reason in ``message``."""
+    exceptions: a lost host is ``host_lost=True`` with the reason in ``message``.
+
+    ``kept_at``: the command's results did not all come home (a full disk here, a copy-back
+    limit), so they stay on its host, at this ``host:/folder``; it failed, whatever ``code``
+    says (which stays its own exit status), with the reason in ``message``."""
 
     code: int | None
     timed_out: bool = False
     host_lost: bool = False
     cancelled: bool = False
     message: str | None = None
+    kept_at: str | None = None
 
     @property
     def ok(self) -> bool:
-        return self.code == 0 and not self.timed_out
+        return self.code == 0 and not self.timed_out and self.kept_at is None
 
     def describe(self) -> str:
         """``exit 3``, ``timed out after ...``, ``host lost: ...``: for one-line reports."""
@@ -79,9 +84,10 @@ class Ended:
             return f"host lost: {self.message}" if self.message else "host lost"
         if self.cancelled:
             return "cancelled"
-        if self.code is None:
-            return self.message or "no exit status"
-        return f"exit {self.code}"
+        status = f"exit {self.code}" if self.code is not None else None
+        if self.kept_at is not None:
+            return f"{status or 'no exit status'}, not copied back"
+        return status or self.message or "no exit status"
 
 
 def _plain(value: Any) -> Any:
@@ -151,12 +157,15 @@ class HostDown(Event):
 
 @dataclass(frozen=True, slots=True)
 class GpuReading:
-    """One GPU as a probe saw it (memory in MB, utilization 0..1)."""
+    """One GPU as a probe saw it (memory in MB, utilization 0..1).  ``ours_mb``: the part of
+    ``memory_used_mb`` held by processes of our running jobs (the rest is other users', or no
+    process's); utilization cannot be split so, the driver reports it per card."""
 
     index: int
     memory_used_mb: int
     memory_total_mb: int
     utilization: float
+    ours_mb: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -204,6 +213,8 @@ class JobStarted(Event):
     command: str
     attempt: int = 1
     slurm_job: str = ""  # the Slurm job id when Slurm runs it (then Slurm, not us, picks its GPUs)
+    gpu_memory_mb: int = 0
+    """GPU memory reserved for it on each of its GPUs (its ``--gpu-memory-required``), MiB."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -240,6 +251,8 @@ class JobFailed(Event):
     """More detail where there is some (why the copy back failed, say)."""
     timed_out: bool = False
     bytes_received: int = 0
+    kept: str = ""
+    """``host:/folder`` where its results stay, when they did not all come home."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

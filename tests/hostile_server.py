@@ -78,6 +78,7 @@ class HostileServer:
         self.scenarios: dict[str, Scenario] = {}
         self.missing_all = False  # answer `have` with every hash missing (forces SFTP uploads)
         self.endless_hello = False  # answer `hello` with one line that never ends
+        self.long_hello = 0  # answer `hello` with one (well-formed) line of about this many bytes
         self.bad_have = False  # answer `have` with something that is not a list
         # answer `fetch` with extra files under names nobody asked for (escaping ones too)
         self.fetch_lies = False
@@ -185,6 +186,11 @@ class HostileServer:
                 while True:
                     process.stdout.write(block)
                     await process.stdout.drain()
+            elif isinstance(req, P.Hello) and self.long_hello:
+                process.stdout.write(b'{"ev":"hello","id":%d,"pid":1,"python":"3","root":"' % (req.id or 0)
+                                     + b"x" * self.long_hello + b'"}\n')
+                await process.stdout.drain()
+                continue
             elif isinstance(req, P.Bye):
                 return
             answer = self._answer(req)

@@ -45,10 +45,12 @@ def test_ancestor_example_on_two_hosts(cluster4: Cluster, tmp_path: Path) -> Non
     results = tmp_path / "job_results"
     for n in range(1, 5):
         assert (results / f"batch_script.sh.{n}").is_dir()
-    # An output file appears with its stream's first byte: every job printed on stdout, only
-    # the one that ran a missing file wrote on stderr.
-    assert sorted(p.name for p in results.glob("*.out")) == [f"batch_script.sh.{n}.out" for n in range(1, 4)]
-    assert sorted(p.name for p in results.glob("*.err")) == ["batch_script.sh.4.err"]
+    # Every job that ended has both files, as the ancestor promised (and GNU parallel's --results
+    # and Slurm make them): only the one that ran a missing file wrote on stderr.
+    assert sorted(p.name for p in results.glob("*.out")) == [f"batch_script.sh.{n}.out" for n in range(1, 5)]
+    assert sorted(p.name for p in results.glob("*.err")) == [f"batch_script.sh.{n}.err" for n in range(1, 5)]
+    assert [(results / f"batch_script.sh.{n}.err").read_text() for n in range(1, 4)] == ["", "", ""]
+    assert (results / "batch_script.sh.4.out").read_text() == ""
     assert (results / "batch_script.sh.3.out").read_text() == "another job\na combined job (bash syntax applies)\n"
     assert "local.sh" in (results / "batch_script.sh.4.err").read_text()
 

@@ -1,5 +1,5 @@
 """Small files in bulk through the agent (bulk.py), end to end on the SSH test cluster, and the
-agent's side of it (hostguard.keep_in_cache / read_regular, Agent.op_put / op_fetch) in process.
+agent's side of it (hostguard.keep_in_cache, rooted.read_regular, Agent.op_put / op_fetch) in process.
 
 Thousands of files must go out and come back byte for byte with their modes, by a handful of
 agent messages instead of SFTP round trips per file (the SFTP calls are counted by wrapping the
@@ -24,6 +24,7 @@ import pytest
 from ssh_scheduler.agent import hostguard as G
 from ssh_scheduler.agent import main as agent
 from ssh_scheduler.agent import protocol as P
+from ssh_scheduler.agent import rooted as R
 from ssh_scheduler.agent import wire as W
 from ssh_scheduler.coordinator.batch import run_batch
 from ssh_scheduler.coordinator.batch_run import BatchOptions
@@ -152,16 +153,22 @@ def key_of(data: bytes, executable: bool = False) -> str:
     return f"{hashlib.sha256(data).hexdigest()}-{'x' if executable else 'r'}"
 
 
+def folder_fd(path: Path) -> int:
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+
+
 def test_the_cache_keeps_only_what_hashes_to_its_key(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
+    fd = folder_fd(cache)
     good = key_of(b"hello", executable=True)
-    assert G.keep_in_cache(str(cache), good, b"hello") is None
+    assert G.keep_in_cache(fd, good, b"hello") is None
     assert (cache / good).read_bytes() == b"hello"
     assert stat.S_IMODE((cache / good).stat().st_mode) == 0o500
-    assert G.keep_in_cache(str(cache), key_of(b"other"), b"hello") == "the content does not match its hash"
+    assert G.keep_in_cache(fd, key_of(b"other"), b"hello") == "the content does not match its hash"
     for bad in ("../" + good, good + "/x", "/etc/passwd", ".hidden-r", "zz-r"):
-        assert G.keep_in_cache(str(cache), bad, b"hello") == "not a cache key"
+        assert G.keep_in_cache(fd, bad, b"hello") == "not a cache key"
+    os.close(fd)
     assert sorted(os.listdir(cache)) == [good]  # nothing else, no leftover temporary file
 
 
@@ -170,11 +177,16 @@ def test_read_regular_refuses_links_fifos_and_folders(tmp_path: Path) -> None:
     (tmp_path / "link").symlink_to(tmp_path / "file")
     os.mkfifo(tmp_path / "fifo")  # nobody writes: reading it would wait forever
     (tmp_path / "dir").mkdir()
-    assert G.read_regular(str(tmp_path / "file"), 4) == (b"0123", None)
-    assert G.read_regular(str(tmp_path / "file"), 100) == (b"0123456789", None)
-    for name in ("link", "fifo", "dir", "missing"):
-        data, reason = G.read_regular(str(tmp_path / name), 100)
+    (tmp_path / "through").symlink_to(tmp_path / "dir")
+    (tmp_path / "dir" / "inner").write_bytes(b"inner")
+    fd = folder_fd(tmp_path)
+    assert R.read_regular(fd, "file", 4) == (b"0123", None)
+    assert R.read_regular(fd, "file", 100) == (b"0123456789", None)
+    assert R.read_regular(fd, "dir/inner", 100) == (b"inner", None)
+    for name in ("link", "fifo", "dir", "missing", "through/inner", "../file", "/etc/passwd"):
+        data, reason = R.read_regular(fd, name, 100)
         assert data is None and reason, name
+    os.close(fd)
 
 
 class Captured:
@@ -261,5 +273,7 @@ def test_a_temporary_file_left_by_a_killed_agent_is_replaced(tmp_path: Path) -> 
     cache.mkdir(mode=0o700)
     key = key_of(b"again")
     (cache / f"{key}.put-{os.getpid()}").write_bytes(b"half")  # what a killed agent left
-    assert G.keep_in_cache(str(cache), key, b"again") is None
+    fd = folder_fd(cache)
+    assert G.keep_in_cache(fd, key, b"again") is None
+    os.close(fd)
     assert sorted(os.listdir(cache)) == [key] and (cache / key).read_bytes() == b"again"

@@ -512,3 +512,34 @@ def test_copy_falls_back_to_read_write_without_sendfile(
     run(dest, a)
     assert (dest / "big.bin").read_bytes() == blob
     assert (dest / "empty").read_bytes() == b""
+
+
+def test_dry_run_escapes_what_a_host_named(tmp_path: Path) -> None:
+    # A result file named by a hostile host: an escape sequence and a newline in it.
+    a = tmp_path / "a"
+    write(a / "x\x1b]0;pwned\x07\nfake line", "1")
+    (a / "l\x1b[2J").symlink_to("x\x1b[31m")
+    _, out, _ = run(tmp_path / "dest", a, dry_run=True)
+    assert len(out) == 2 and all(line.isprintable() for line in out), out
+    assert out[0] == f"copy {a}/x\\x1b]0;pwned\\x07\\nfake line -> {tmp_path}/dest/x\\x1b]0;pwned\\x07\\nfake line"
+    assert out[1] == f"link {tmp_path}/dest/l\\x1b[2J -> x\\x1b[31m"
+
+
+@pytest.mark.parametrize("git", [".git", ".GIT", "sub/.git"])
+def test_nothing_named_git_is_merged(tmp_path: Path, git: str) -> None:
+    """A source's .git/hooks would become DEST's: the next git command in DEST runs them."""
+    dest = tmp_path / "dest"
+    write(dest / ".git" / "HEAD", "ref: refs/heads/main\n")
+    write(dest / "sub" / ".git", "gitdir: ../.git\n")
+    a = tmp_path / "a"
+    write(a / git / "hooks" / "post-checkout", "#!/bin/sh\ntouch /tmp/pwned\n", mode=0o755)
+    write(a / git / "config", "[core]\n\tfsmonitor = touch /tmp/pwned\n")
+    write(a / "result.txt", "kept")
+    before = snapshot(dest)
+    report, out, warnings = run(dest, a, dry_run=True)
+    assert out == [f"copy {a}/result.txt -> {dest}/result.txt"]
+    report, _, warnings = run(dest, a)
+    assert report.copied == 1 and warnings == [f"skipped {a}/{git}: a .git is never merged (its hooks would run in DEST)"]
+    after = snapshot(dest)
+    assert set(after) - set(before) == {"result.txt"}
+    assert {k: v for k, v in after.items() if k != "result.txt"} == before

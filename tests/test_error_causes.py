@@ -148,7 +148,7 @@ def test_one_shell_for_every_command_and_a_printing_bashrc_prints_once(
     assert done.returncode == 0, done.stderr
     for job in ("b.sh.1", "b.sh.2"):  # the job's output is the job's, not ~/.bashrc's
         assert (tmp_path / "job_results" / f"{job}.out").read_text() == "bash ok\n"
-        assert not (tmp_path / "job_results" / f"{job}.err").exists()  # nothing on stderr: no file
+        assert (tmp_path / "job_results" / f"{job}.err").read_text() == ""  # nothing on stderr
 
 
 def test_readme_lists_every_machine_key_with_its_default_and_a_route_that_installs_on_debian() -> None:

@@ -18,6 +18,8 @@ import pytest
 from ssh_scheduler import CallError, Executor
 from ssh_scheduler.errors import ConfigError, SchedulerError
 from ssh_scheduler.events import BatchStarted, Event, EventBus, JobsAdded, JobSkipped, JobStarted
+from ssh_scheduler.results.batch_history import read_history
+from ssh_scheduler.results.event_log import CANCELLED_LINE
 
 CHEAP = {"no_gpu_required": True, "num_cpus": 0.1, "memory_required": 10}
 
@@ -211,3 +213,25 @@ def test_no_host_to_run_on_fails_every_call_with_the_reason_in_one_line(project:
             ex.submit(abs, -2)
     finally:
         ex.shutdown()
+
+
+def test_the_executors_batch_keeps_its_event_file_for_attach_and_report(project: Path) -> None:
+    """What ``ssh-scheduler report`` draws: the calls, where they ran, the probes, how it ended;
+    a stopped executor's file ends as a batch stopped by Ctrl-C does."""
+    with Executor(**CHEAP) as ex:
+        jobs = [ex.submit(abs, -n).job for n in range(3)]
+    results = project / "job_results"
+    history = read_history(results, running=False, now=time.time())
+    assert history.from_events and history.exit_code == 0
+    assert sorted(a.job for a in history.attempts) == sorted(jobs)
+    assert {a.host for a in history.attempts} == {"localhost"} and history.probes
+    assert history.exit_lines[0].startswith("done: 3 finished, 0 failed, 0 skipped")
+    ex = Executor(**CHEAP)
+    running = ex.submit(time.sleep, 600)
+    wait_for = time.monotonic() + 60
+    while not running.running():
+        assert time.monotonic() < wait_for, "the call never started"
+        time.sleep(0.05)
+    ex.stop()
+    history = read_history(results, running=False, now=time.time())
+    assert history.from_events and history.exit_code == 130 and history.exit_lines == [CANCELLED_LINE]

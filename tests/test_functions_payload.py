@@ -261,3 +261,28 @@ def test_what_the_runner_sends_home_is_only_its_result(tmp_path: Path, calc: Pat
     after = {p for p in folder.rglob("*") if p.is_file()}
     assert after - set(before) == {folder / RESULT, folder / INFO}
     assert all(p.stat().st_mtime_ns == t for p, t in before.items())
+
+
+# (a huge RESULT is a large value, read as a stream: only INFO has a bound)
+@pytest.mark.parametrize(("where", "planted"), [(INFO, "link"), (INFO, "fifo"), (INFO, "huge"), (RESULT, "link"), (RESULT, "fifo")])
+def test_a_result_in_the_results_folder_is_read_as_untrusted_input(tmp_path: Path, planted: str, where: str) -> None:
+    """A rerun reads finished calls from the results folder, which may be a copy or a shared disk
+    (results/untrusted): a link there is not followed, a FIFO not waited on, nothing huge read; the
+    call's future gets one line naming the file, not a hang or another file's content."""
+    results = tmp_path / "results"
+    call = pickled(tmp_path, lambda a, b: a + b, 1, 2)  # (by value: the host has no tests package)
+    folder = job_folder(results, call)
+    assert run_call(folder).returncode == 0
+    assert read_outcome(results, call.name, "h8").value == 3
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copy(folder / where, elsewhere)  # a whole, valid copy: following the link would read it
+    (folder / where).unlink()
+    if planted == "link":
+        (folder / where).symlink_to(elsewhere)
+    elif planted == "fifo":
+        os.mkfifo(folder / where)
+    else:
+        (folder / where).write_bytes(b" " * (2 << 20) + elsewhere.read_bytes())
+    error = read_outcome(results, call.name, "h8").error
+    assert isinstance(error, CallError) and "\n" not in str(error), error
+    assert str(error).startswith(f"call {call.name}: {folder / where} (a call's ")

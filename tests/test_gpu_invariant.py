@@ -1,12 +1,25 @@
-"""The GPU memory invariant under randomized interleavings of probes, starts, growth and exits.
+"""The GPU memory invariant under randomized interleavings of probes, starts, growth and exits,
+driven through the planner.
 
-A small simulated world stands in for the hosts: GPUs whose memory is held by other users
-(listed processes, and memory no process accounts for, as in another container) and by our jobs'
-processes, which start, grow towards their reservation and exit.  A probe is what the real one
-is: the process list at one moment, ``memory.used``/``memory.free`` at a later one (the order the
-probe runs them in, checked below), with anything happening in between, landing later still.  Exits reach the coordinator some time after the
-process is gone.  After every step, for every GPU, what other users really hold plus the
-reservation of every job of ours that really still has a process there must fit in the GPU.
+A small simulated world stands in for the hosts: GPUs of different sizes whose memory is held
+by other users (listed processes, and memory no listed process accounts for, as in another
+container), which come and go, and by our jobs' processes, which start, grow towards a size
+that may be above their reservation, free their memory while they live on, and exit.  A probe is
+what the real one is: the process list at one moment, ``memory.used``/``memory.free`` at a later
+one (the order the probe runs them in, checked below), with anything happening in between,
+landing later still, one at a time per host.  Exits reach the coordinator some time after the
+process is gone.  The :class:`~ssh_scheduler.planner.plan.Planner` places the jobs (its
+``StartJob`` actions) and hears of every probe and exit, as the coordinator tells it.
+
+Whenever a job is placed on a GPU, what the scheduler could know must fit it: the memory of
+other users' processes it could have seen (there when the last probe landed read the memory,
+and still there), plus, for each job of ours that still has a process there, the larger of its
+reservation and what the last probe saw it use (still in use), plus the new job's reservation.
+(Others who arrived since, and jobs that grew past their reservation unseen, are beyond what
+any scheduler can know: the world lets them take what is physically free, and the check leaves
+them out.  A job whose process gave its memory back for good counts what it holds: the probe
+cannot tell such a free between its two calls from the other users' freeing theirs, see the
+strict xfail at the end.)
 """
 
 from __future__ import annotations
@@ -16,59 +29,90 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from ssh_scheduler.jobs.needs import Needs
+from ssh_scheduler.events import Ended
+from ssh_scheduler.jobs.batch_file import Job
+from ssh_scheduler.jobs.needs import Needs, NeedsOverride
 from ssh_scheduler.machines.host_state import GpuProcess, GpuState, HostState, OwnUsage
 from ssh_scheduler.machines.probe import PROBE_SCRIPT
+from ssh_scheduler.planner.actions import Action, Commit, PlanOptions, StartJob
 from ssh_scheduler.planner.allocate import MachineResources, choose
+from ssh_scheduler.planner.gpus import Gpus
+from ssh_scheduler.planner.plan import Planner
 
 TOTAL = 16384
 DRIVER_RESERVED = 480  # memory.total - (used + free) on a real H100 capture
 CAPACITY = TOTAL - DRIVER_RESERVED
 NEEDS = Needs(cpus=0.1, memory_mb=1, gpus=1, gpu_memory_mb=7000, gpu_utilization=0.3, reserve_gpu=False)
+BASE = Needs(cpus=0.01, memory_mb=1, gpus=1, gpu_memory_mb=7000, gpu_utilization=0.0, reserve_gpu=False)
+SIZES = (2500, 5000, 7500)
+"""The jobs' reservations (MiB)."""
+GPU_TOTALS = (16384, 16384, 24576)
+"""The GPUs' memory.total (MiB), drawn per GPU."""
+STEPS = 500
+"""Moves per history."""
+
+
+MOVES = {"grow": 24, "free": 1, "exit": 14, "report": 16, "arrive": 3, "leave": 3, "request": 14, "call": 16, "answer": 20}
+"""How often each move of a history comes (weights).  Tuned so that most histories lose a race
+that only the ghost rule wins (see test_the_histories_catch_a_ledger_without_ghosts)."""
 
 
 @dataclass
 class Proc:
+    """A process on a GPU: ours (``job`` set) or another user's; ``born`` is the step it came."""
+
     pid: int
     host: int
     gpu: int
     mb: int
-    job: str | None = None  # ours, or another user's
+    job: str | None = None
+    listed: bool = True  # False: memory another container holds, which no process list shows
+    born: int = -1
 
 
 @dataclass
 class World:
-    rng: random.Random
     hosts: int = 2
     gpus: int = 2
+    totals: dict[tuple[int, int], int] = field(default_factory=dict)
     procs: dict[int, Proc] = field(default_factory=dict)
-    unlisted: dict[tuple[int, int], int] = field(default_factory=dict)  # (host, gpu) -> MiB
     next_pid: int = 100
+    step: int = 0
 
     def uuid(self, gpu: int) -> str:
         return f"GPU-{gpu}"
 
+    def capacity(self, host: int, gpu: int) -> int:
+        return self.totals[host, gpu] - DRIVER_RESERVED
+
+    def on(self, host: int, gpu: int) -> list[Proc]:
+        return [p for p in self.procs.values() if (p.host, p.gpu) == (host, gpu)]
+
     def used(self, host: int, gpu: int) -> int:
-        listed = sum(p.mb for p in self.procs.values() if (p.host, p.gpu) == (host, gpu))
-        return listed + self.unlisted.get((host, gpu), 0)
+        return sum(p.mb for p in self.on(host, gpu))
+
+    def room(self, host: int, gpu: int) -> int:
+        """What is physically free: no process gets more (CUDA refuses it)."""
+        return self.capacity(host, gpu) - self.used(host, gpu)
 
     def apps(self, host: int) -> tuple[GpuProcess, ...]:
         return tuple(
-            GpuProcess(p.pid, self.uuid(p.gpu), p.mb) for p in self.procs.values() if p.host == host
+            GpuProcess(p.pid, self.uuid(p.gpu), p.mb)
+            for p in self.procs.values()
+            if p.host == host and p.listed
         )
 
     def gpu_states(self, host: int) -> tuple[GpuState, ...]:
         states = []
         for g in range(self.gpus):
             used = self.used(host, g)
-            states.append(
-                GpuState(g, self.uuid(g), "sim", TOTAL, used, max(0, CAPACITY - used), 0.0)
-            )
+            total = self.totals[host, g]
+            states.append(GpuState(g, self.uuid(g), "sim", total, used, total - DRIVER_RESERVED - used, 0.0))
         return tuple(states)
 
-    def spawn(self, host: int, gpu: int, mb: int, job: str | None) -> Proc:
+    def spawn(self, host: int, gpu: int, mb: int, job: str | None, listed: bool = True) -> Proc:
         self.next_pid += 1
-        proc = Proc(self.next_pid, host, gpu, mb, job)
+        proc = Proc(self.next_pid, host, gpu, mb, job, listed, self.step)
         self.procs[proc.pid] = proc
         return proc
 
@@ -76,9 +120,10 @@ class World:
 @dataclass
 class Probe:
     host: int
-    generation: int
+    generation: int | None
     apps: tuple[GpuProcess, ...] | None = None
     gpus: tuple[GpuState, ...] | None = None
+    read_at: int = -1  # the step memory.used was read
 
     def take(self, world: World) -> None:
         """The next of the two nvidia-smi calls."""
@@ -86,6 +131,7 @@ class Probe:
             self.apps = world.apps(self.host)
         else:
             self.gpus = world.gpu_states(self.host)
+            self.read_at = world.step
 
     @property
     def complete(self) -> bool:
@@ -96,107 +142,184 @@ def host_state(gpus: tuple[GpuState, ...], apps: tuple[GpuProcess, ...]) -> Host
     return HostState(64, 0.0, 1_000_000, 1_000_000, gpus, apps)
 
 
+class History:
+    """One random history: the world, the planner, and what the coordinator knows."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.rng = rng = random.Random(seed)
+        self.world = world = World()
+        for h in range(world.hosts):
+            for g in range(world.gpus):
+                world.totals[h, g] = rng.choice(GPU_TOTALS)
+                # Other users: a listed process and memory no listed process accounts for.
+                if rng.random() < 0.5:
+                    world.spawn(h, g, rng.choice([0, 1500, 4000]), None)
+                world.spawn(h, g, rng.choice([3000, 6000, 9000]), None, listed=False)
+        jobs = [
+            Job(f"j{i}", "x", i + 1, needs=NeedsOverride(gpu_memory_mb=rng.choice(SIZES))) for i in range(300)
+        ]
+        self.plan = Planner(jobs, [(f"h{h}", f"h{h}") for h in range(world.hosts)], PlanOptions(BASE, gpus_explicit=True))
+        self.procs: dict[str, Proc] = {}  # job -> its process, while the coordinator counts it running
+        self.target: dict[str, int] = {}  # job -> MiB its process grows to (may be above its reservation)
+        self.exited: list[str] = []  # processes gone, exit not yet reported to the coordinator
+        self.probes: dict[int, Probe] = {}  # host -> its probe in flight (one at a time)
+        self.read_at = dict.fromkeys(range(world.hosts), 0)  # when the last landed probe read memory
+        self.seen: dict[str, int] = {}  # job -> MiB the last landed probe of its host listed for it
+        self.freed: set[str] = set()  # jobs whose process gave its GPU memory back for good
+        self.placed = 0
+        self.plan.begin("t")
+        for h in range(world.hosts):
+            self.perform(self.plan.probe_landed(f"h{h}", host_state(world.gpu_states(h), world.apps(h))))
+
+    def reservation(self, job: str) -> int:
+        return self.plan.jobs[job].needs.gpu_memory_mb
+
+    def perform(self, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, StartJob):
+                self.start(action)
+            elif isinstance(action, Commit):
+                self.perform(self.plan.job_committed(action.job, Ended(0)))
+
+    def start(self, action: StartJob) -> None:
+        name = action.job.name
+        host, gpu = int(action.placement.machine[1:]), action.placement.gpu_indices[0]
+        self.plan.job_started(name, 0.0)
+        self.procs[name] = self.world.spawn(host, gpu, 0, name)
+        self.target[name] = self.rng.choice([3000, self.reservation(name), self.reservation(name), self.reservation(name) + 1500])
+        self.seen[name] = 0
+        self.placed += 1
+        self.check(host, gpu, name)
+
+    def check(self, host: int, gpu: int, placed: str) -> None:
+        """What the scheduler could know fits the GPU a job was just placed on."""
+        world = self.world
+        others = sum(
+            p.mb for p in world.on(host, gpu) if p.job is None and p.born < self.read_at[host]
+        )
+        ours = sum(
+            p.mb if p.job in self.freed else max(self.reservation(p.job), min(p.mb, self.seen[p.job]))
+            for p in world.on(host, gpu)
+            if p.job is not None
+        )
+        assert others + ours <= world.capacity(host, gpu), (
+            f"seed {self.seed} step {world.step}: {placed} placed on host {host} GPU {gpu}: "
+            f"others {others} + ours {ours} > {world.capacity(host, gpu)}"
+        )
+
+    def alive(self) -> list[str]:
+        return [job for job, proc in self.procs.items() if proc.pid in self.world.procs]
+
+    def run(self, steps: int) -> None:
+        moves = [getattr(self, name) for name in MOVES]
+        weights = list(MOVES.values())
+        for self.world.step in range(1, steps + 1):
+            self.rng.choices(moves, weights)[0]()
+
+    # -- the moves of a history (MOVES says how often each comes) --------------------------------
+
+    def grow(self) -> None:
+        """A job's process allocates towards its size, as far as the GPU lets it."""
+        growing = [j for j in self.alive() if self.procs[j].mb < self.target[j]]
+        if growing:
+            proc = self.procs[self.rng.choice(growing)]
+            room = self.world.room(proc.host, proc.gpu)
+            proc.mb += max(0, min(self.target[proc.job or ""] - proc.mb, room))
+
+    def free(self) -> None:
+        """A job's process gives its GPU memory back for good, and lives on."""
+        holding = [j for j in self.alive() if self.procs[j].mb]
+        if holding:
+            job = self.rng.choice(holding)
+            self.procs[job].mb = self.target[job] = 0
+            self.freed.add(job)
+
+    def exit(self) -> None:
+        """A job's process exits (the coordinator hears of it later)."""
+        alive = self.alive()
+        if alive:
+            job = self.rng.choice(alive)
+            del self.world.procs[self.procs[job].pid]
+            self.exited.append(job)
+
+    def report(self) -> None:
+        """The oldest exit not yet heard of reaches the coordinator."""
+        if self.exited:
+            job = self.exited.pop(0)
+            del self.procs[job]
+            self.perform(self.plan.job_exited(job, Ended(0)))
+
+    def arrive(self) -> None:
+        """Another user starts a process where there is room (listed, or not)."""
+        world, rng = self.world, self.rng
+        h, g = rng.randrange(world.hosts), rng.randrange(world.gpus)
+        mb = min(rng.choice([1500, 3000, 6000]), world.room(h, g))
+        world.spawn(h, g, mb, None, listed=rng.random() < 0.2)
+
+    def leave(self) -> None:
+        """Another user's process ends."""
+        theirs = [p.pid for p in self.world.procs.values() if p.job is None]
+        if theirs:
+            del self.world.procs[self.rng.choice(theirs)]
+
+    def request(self) -> None:
+        """The coordinator asks a host for a probe (it numbers it: the ghosts' generation)."""
+        h = self.rng.randrange(self.world.hosts)
+        resources = self.plan.resources(f"h{h}")
+        if h not in self.probes and resources is not None:
+            self.probes[h] = Probe(h, resources.probe_started())
+
+    def call(self) -> None:
+        """A probe runs the next of its two nvidia-smi calls."""
+        waiting = [p for p in self.probes.values() if not p.complete]
+        if waiting:
+            self.rng.choice(waiting).take(self.world)
+
+    def answer(self) -> None:
+        """A probe's answer lands, with what the agent knows of our jobs' pids."""
+        ready = [p for p in self.probes.values() if p.complete]
+        if ready:
+            self.land(self.rng.choice(ready))
+
+    def land(self, probe: Probe) -> None:
+        assert probe.apps is not None and probe.gpus is not None
+        host = probe.host
+        del self.probes[host]
+        booked = {job: proc for job, proc in self.procs.items() if proc.host == host}
+        own = {job: OwnUsage(frozenset({proc.pid})) for job, proc in booked.items()}
+        listed = {app.pid: app.used_memory_mb for app in probe.apps}
+        for job, proc in booked.items():
+            self.seen[job] = listed.get(proc.pid, 0)
+        self.read_at[host] = probe.read_at
+        self.perform(self.plan.probe_landed(f"h{host}", host_state(probe.gpus, probe.apps), own, probe.generation))
+
+
 def simulate(seed: int, steps: int) -> int:
     """Run one random history; returns how many jobs were placed (so the test can see the
     history was not trivially empty)."""
-    rng = random.Random(seed)
-    world = World(rng)
-    # Other users: a listed process and some unlisted memory on a few GPUs.  The unlisted part
-    # may go away during the batch (that is what makes the process list and memory.used disagree).
-    for h in range(world.hosts):
-        for g in range(world.gpus):
-            if rng.random() < 0.5:
-                world.spawn(h, g, rng.choice([0, 1500, 4000]), None)
-            if rng.random() < 0.5:
-                world.unlisted[(h, g)] = rng.choice([500, 2500])
-    machines = [
-        MachineResources(f"h{h}", host_state(world.gpu_states(h), world.apps(h)))
-        for h in range(world.hosts)
-    ]
-    target: dict[str, int] = {}  # job -> MiB its process grows to (at most the reservation)
-    pids: dict[str, Proc] = {}
-    booked: dict[str, int] = {}  # job -> host index, while the coordinator counts it running
-    exited: list[str] = []  # processes gone, exit not yet reported to the coordinator
-    probes: list[Probe] = []
-    placed = 0
-    for step in range(steps):
-        action = rng.random()
-        if action < 0.25:  # place as many jobs as fit
-            while True:
-                machine = choose(machines, NEEDS)
-                if machine is None:
-                    break
-                name = f"j{step}-{placed}"
-                placement = machine.allocate(name, NEEDS)
-                capacity, others, ours = machine.gpu_promises()[placement.gpu_indices[0]]
-                assert others + ours <= capacity, (seed, step, machine.gpu_promises())
-                host = machines.index(machine)
-                pids[name] = world.spawn(host, placement.gpu_indices[0], 0, name)
-                target[name] = rng.choice([6500, 7000, 3000, 0])
-                booked[name] = host
-                placed += 1
-        elif action < 0.40:  # a job's process allocates its memory
-            growing = [j for j, p in pids.items() if p.pid in world.procs and p.mb < target[j]]
-            if growing:
-                proc = pids[rng.choice(growing)]
-                proc.mb = target[proc.job or ""]
-        elif action < 0.52:  # a job's process exits (the coordinator hears later)
-            alive = [j for j, p in pids.items() if p.pid in world.procs]
-            if alive:
-                job = rng.choice(alive)
-                del world.procs[pids[job].pid]
-                exited.append(job)
-        elif action < 0.62:  # an exit reaches the coordinator
-            if exited:
-                job = exited.pop(rng.randrange(len(exited)))
-                machines[booked.pop(job)].release(job)
-        elif action < 0.67:  # another user's unlisted memory goes away
-            if world.unlisted:
-                del world.unlisted[rng.choice(sorted(world.unlisted))]
-        elif action < 0.77:  # a probe is requested
-            h = rng.randrange(world.hosts)
-            probes.append(Probe(h, machines[h].probe_started()))
-        elif action < 0.93:  # a probe runs one of its two queries
-            waiting = [p for p in probes if not p.complete]
-            if waiting:
-                rng.choice(waiting).take(world)
-        else:  # a probe's answer lands, with what the agent knows of our jobs' pids
-            ready = [p for p in probes if p.complete]
-            if ready:
-                probe = ready[0]  # answers of one host arrive in order
-                probes.remove(probe)
-                assert probe.apps is not None and probe.gpus is not None
-                own = {
-                    job: OwnUsage(frozenset({proc.pid}))
-                    for job, proc in pids.items()
-                    if booked.get(job) == probe.host
-                }
-                machines[probe.host].update(
-                    host_state(probe.gpus, probe.apps), own, probe.generation
-                )
-        # The physical invariant: what others hold now + the reservation of every job of ours
-        # whose process is still there fits each GPU.
-        for h in range(world.hosts):
-            for g in range(world.gpus):
-                others = world.unlisted.get((h, g), 0) + sum(
-                    p.mb for p in world.procs.values() if (p.host, p.gpu) == (h, g) and p.job is None
-                )
-                ours = sum(
-                    max(NEEDS.gpu_memory_mb, p.mb)
-                    for p in world.procs.values()
-                    if (p.host, p.gpu) == (h, g) and p.job is not None
-                )
-                assert others + ours <= CAPACITY, (
-                    f"seed {seed} step {step}: host {h} GPU {g}: others {others} + ours {ours} "
-                    f"> {CAPACITY}"
-                )
-    return placed
+    history = History(seed)
+    history.run(steps)
+    return history.placed
 
 
 @pytest.mark.parametrize("block", range(4))
 def test_no_gpu_is_ever_over_committed(block: int) -> None:
-    placed = sum(simulate(seed, 400) for seed in range(block * 100, (block + 1) * 100))
-    assert placed > 1000  # thousands of starts, ends and racing probes were interleaved
+    placed = sum(simulate(seed, STEPS) for seed in range(block * 400, (block + 1) * 400))
+    assert placed > 10_000  # thousands of starts, ends and racing probes were interleaved
+
+
+def test_the_histories_catch_a_ledger_without_ghosts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The histories are sharp enough: without the ghost rule (a released job's observed memory
+    kept until a probe requested after the release lands), most of them over-commit a GPU."""
+    monkeypatch.setattr(Gpus, "released", lambda self, job_id, held: None)
+    caught = 0
+    for seed in range(200):
+        try:
+            simulate(seed, STEPS)
+        except AssertionError:
+            caught += 1
+    assert caught > 100, caught  # 110 of these 200; 946 of the 1,600 the test above runs
 
 
 def test_the_probe_lists_processes_before_it_reads_memory() -> None:
@@ -231,3 +354,23 @@ def test_the_over_commit_case_of_the_issue(late: str) -> None:
     # the next probe: too much, never too little.
     assert others == (6500 if late == "memory" else 0)
     assert choose([machine], NEEDS) is None  # never a third 7000 MiB job on 15904 MiB
+
+
+@pytest.mark.xfail(
+    reason="known gap: a running job's process that frees its memory between the probe's two "
+    "calls hides as much of the memory no process list shows; only listing the processes again "
+    "after reading the memory (a change to machines/probe.py) could tell",
+    strict=True,
+)
+def test_a_running_job_that_frees_its_memory_mid_probe_hides_no_other_users_memory() -> None:
+    """Another user holds 6000 MiB that no process list shows; job a (7000 MiB reserved) holds
+    6500 MiB when the processes are listed and has freed them (it goes on, and may take them
+    again) when memory.used is read.  What the other user holds plus a's reservation is 13000
+    MiB: no 7000 MiB job fits next to them on 15904 MiB."""
+    gpus = (GpuState(0, "G0", "sim", TOTAL, 6000, CAPACITY - 6000, 0.0),)
+    machine = MachineResources("h", host_state(gpus, ()))
+    machine.allocate("a", NEEDS)
+    generation = machine.probe_started()
+    seen = (GpuState(0, "G0", "sim", TOTAL, 6000, CAPACITY - 6000, 0.0),)
+    machine.update(host_state(seen, (GpuProcess(11, "G0", 6500),)), {"a": OwnUsage(frozenset({11}))}, generation)
+    assert choose([machine], NEEDS) is None

@@ -1,13 +1,15 @@
 """Our host ranges against ClusterShell's ``NodeSet`` (what ``clush``/``nodeset`` read).
 
-Generated patterns must expand to the same set of names, or be refused by both; where we refuse
-what ClusterShell accepts, it is a deliberate refusal (node groups, steps, an empty result).  Our
-folds must read back in ClusterShell as the same set, and ClusterShell's folds in ours.
+Generated patterns, and the ones users sent in (``tests/data/hostlist/patterns.txt``), must
+expand to the same set of names, or be refused by both; where we refuse what ClusterShell
+accepts, it is a deliberate refusal (node groups, wildcards, steps, an empty result).  Our folds
+must read back in ClusterShell as the same set, and ClusterShell's folds in ours.
 """
 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 from ClusterShell.NodeSet import NodeSet, NodeSetException
@@ -16,6 +18,7 @@ from ssh_scheduler.errors import ConfigError
 from ssh_scheduler.machines.hostlist import expand, fold
 
 DELIBERATE = ("not supported", "leaves no host")
+DATA = Path(__file__).parent / "data" / "hostlist"
 PREFIXES = ["gpu", "n", "r1n", "node-", "a.b", "", "x_"]
 SUFFIXES = ["", ".lan", "-ib", "c"]
 
@@ -42,10 +45,15 @@ def operand(rng: random.Random) -> str:
     text = rng.choice(PREFIXES)
     for index in range(rng.choice([0, 1, 1, 1, 2])):
         if index and rng.random() < 0.9:
-            text += rng.choice(["x", "-", "n"])  # ClusterShell refuses "][" (so do we)
+            # ClusterShell refuses "][" and digits alone between brackets (so do we), and reads
+            # a digit right before a bracket its own way (we refuse where that differs)
+            odd = rng.random() < 0.15
+            text += rng.choice(["0", "12", "1a", "a1"] if odd else ["x", "-", "n"])
         items = ",".join(bracket_item(rng) for _ in range(rng.randint(1, 3)))
         text += f"[{items}]"
     text += rng.choice(SUFFIXES)
+    if rng.random() < 0.01:
+        text += rng.choice(["*", "?"])  # a wildcard over a group source: we refuse it
     return text or "h"
 
 
@@ -65,29 +73,58 @@ def clustershell(text: str) -> set[str] | None:
         return None
 
 
+def compare(text: str) -> str:
+    """Expand with both; assert they agree; return 'same', 'both refuse' or 'we refuse'."""
+    theirs = clustershell(text)
+    try:
+        mine = expand(text)
+    except ConfigError as err:
+        message = str(err)
+        assert "\n" not in message and repr(text[:20])[:-1] in message, message
+        if theirs is None:
+            return "both refuse"
+        assert any(word in message for word in DELIBERATE), (text, message)
+        return "we refuse"
+    assert theirs is not None, (text, mine)
+    assert set(mine) == theirs, text
+    assert len(mine) == len(set(mine))
+    return "same"
+
+
 def test_generated_patterns_agree_with_clustershell() -> None:
     rng = random.Random(16)
     outcomes = {"same": 0, "both refuse": 0, "we refuse": 0}
     for _ in range(3000):
-        text = pattern(rng)
-        theirs = clustershell(text)
-        try:
-            mine = expand(text)
-        except ConfigError as err:
-            message = str(err)
-            assert "\n" not in message and repr(text[:20])[:-1] in message, message
-            if theirs is None:
-                outcomes["both refuse"] += 1
-            else:
-                assert any(word in message for word in DELIBERATE), (text, message)
-                outcomes["we refuse"] += 1
-            continue
-        assert theirs is not None, (text, mine)
-        assert set(mine) == theirs, text
-        assert len(mine) == len(set(mine))
-        outcomes["same"] += 1
+        outcomes[compare(pattern(rng))] += 1
     assert outcomes["same"] > 2000 and outcomes["both refuse"] > 50, outcomes
     assert outcomes["we refuse"] > 10, outcomes
+
+
+def users_patterns() -> list[str]:
+    lines = (DATA / "patterns.txt").read_text(encoding="utf-8").splitlines()
+    return [line for line in lines if line.strip() and not line.startswith("# ")]
+
+
+@pytest.mark.parametrize("text", users_patterns())
+def test_users_patterns_agree_with_clustershell(text: str) -> None:
+    compare(text)
+
+
+def test_users_patterns_cover_the_three_outcomes() -> None:
+    outcomes: dict[str, list[str]] = {}
+    for text in users_patterns():
+        outcomes.setdefault(compare(text), []).append(text)
+    assert len(outcomes["both refuse"]) == 8, outcomes  # digits between brackets
+    assert len(outcomes["we refuse"]) == 10, outcomes  # wildcards, digit before a growing range
+    assert len(outcomes["same"]) == 10, outcomes
+
+
+@pytest.mark.parametrize("operator", ["!", "^", ",", "&"])
+def test_long_operator_chains_agree_with_clustershell(operator: str) -> None:
+    """2,000 operators after a 100,000-name range, as users generate them (an exclude list)."""
+    size = 100_000 if operator in "!&" else 50_000
+    text = f"n[1-{size}]" + "".join(f"{operator}n{i * 7}" for i in range(1, 2001))
+    assert compare(text) == ("same" if operator != "&" else "we refuse")
 
 
 def names(rng: random.Random) -> set[str]:

@@ -1,5 +1,5 @@
-"""job_results/<job>.out / .err: created at a stream's first byte, never through a link, and
-what is there after an attempt is that attempt's output only."""
+"""job_results/<job>.out / .err: created at a stream's first byte (the other at the job's end),
+never through a link, and what is there after an attempt is that attempt's output only."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from ssh_scheduler.coordinator.jobrun import OutputFiles
 from ssh_scheduler.errors import TransferError
 
 
-def test_a_silent_stream_leaves_no_file_and_a_printing_one_gets_exactly_its_bytes(tmp_path: Path) -> None:
+def test_a_silent_stream_has_no_file_until_the_end_and_a_printing_one_gets_exactly_its_bytes(tmp_path: Path) -> None:
     output = OutputFiles(tmp_path, "job.1")
     output.open()
     assert sorted(os.listdir(tmp_path)) == []  # nothing created before the first byte
@@ -22,6 +22,9 @@ def test_a_silent_stream_leaves_no_file_and_a_printing_one_gets_exactly_its_byte
     output.close()
     assert sorted(os.listdir(tmp_path)) == ["job.1.err"]
     assert (tmp_path / "job.1.err").read_bytes() == b"warning\n"
+    output.complete()  # the job's end: both files
+    assert sorted(os.listdir(tmp_path)) == ["job.1.err", "job.1.out"]
+    assert (tmp_path / "job.1.out").read_bytes() == b"" and (tmp_path / "job.1.err").read_bytes() == b"warning\n"
 
 
 def test_an_earlier_attempts_files_are_emptied_even_when_this_attempt_prints_nothing(tmp_path: Path) -> None:
@@ -56,23 +59,34 @@ def test_a_planted_link_is_refused_before_the_job_and_never_written_through(tmp_
     assert target.read_text() == "precious\n"
 
 
-def test_a_link_planted_while_the_job_runs_is_refused_at_the_first_byte(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_a_link_planted_while_the_job_runs_is_refused_at_the_first_byte(tmp_path: Path) -> None:
     target = tmp_path / "victim"
     target.write_text("precious\n")
-    output = OutputFiles(tmp_path, "job.1")
+    said: list[str] = []
+    output = OutputFiles(tmp_path, "job.1", on_failure=said.append)
     output.open()
     (tmp_path / "job.1.out").symlink_to(target)  # after open(): the file did not exist yet
     output.write(1, b"pwned\n")  # no exception: that would end the host's reader
     output.write(1, b"again\n")
     output.write(2, b"stderr is fine\n")
+    assert output.complete() == output.failure
     output.close()
     assert target.read_text() == "precious\n"
     assert (tmp_path / "job.1.out").is_symlink()
     assert (tmp_path / "job.1.err").read_text() == "stderr is fine\n"
-    refused = [r.getMessage() for r in caplog.records if "symbolic link is in the way" in r.getMessage()]
-    assert len(refused) == 1 and refused[0].startswith("job.1: cannot write")
+    assert said == [output.failure]  # said once, as the batch's failure
+    assert output.failure is not None and output.failure.startswith(f"cannot write in {tmp_path}/: writing job.1.out (")
+    assert output.failure.endswith("(a symbolic link is in the way: remove it)")
+
+
+def test_every_job_that_ended_has_both_files_and_what_it_printed_stays(tmp_path: Path) -> None:
+    output = OutputFiles(tmp_path, "job.1")
+    output.open()
+    output.write(1, b"printed\n")
+    output.close()  # the run ended; the files are completed when its end is final
+    assert output.complete() is None
+    assert (tmp_path / "job.1.out").read_text() == "printed\n"  # not emptied again
+    assert (tmp_path / "job.1.err").read_text() == ""
 
 
 def test_mirrors_get_every_byte_even_before_the_file_exists(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import sys
 from collections import Counter
@@ -44,6 +45,7 @@ from ssh_scheduler.planner.actions import (
 from ssh_scheduler.planner.phases import JobPhase, JobSlot
 from ssh_scheduler.planner.plan import Planner
 from ssh_scheduler.planner.policy import Resumable, parse_halt
+from tests.event_schema import load_schema, problems
 
 CPU = Needs(cpus=1, memory_mb=100, gpus=0, gpu_memory_mb=0, reserve_gpu=False)
 
@@ -84,6 +86,44 @@ def finish(plan: Planner, name: str, code: int = 0) -> list[Action]:
     if any(isinstance(a, Commit) for a in actions):
         actions += plan.job_committed(name, Ended(code), now=1.0)
     return actions
+
+
+SCHEMA = load_schema()
+
+
+class Said:
+    """Checks what a replayed history's actions say, action by action: every event as ``--json``
+    prints it matches the README's schema, a job is announced where it is started, a StartJob
+    comes after its JobPlaced (or JobReattached) with the same host and GPUs, and a Waiting
+    names a job that waits and what each usable host has (or that every host is down)."""
+
+    def __init__(self, plan: Planner) -> None:
+        self.plan = plan
+        self.announced: dict[str, tuple[str, tuple[int, ...]]] = {}
+
+    def check(self, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, Say):
+                record = json.loads(json.dumps(action.event.to_json()))
+                assert problems(record, SCHEMA) == [], (action, problems(record, SCHEMA))
+                event = action.event
+                if isinstance(event, JobPlaced | JobReattached):
+                    self.announced[event.job] = (event.host, event.gpus)
+                    assert event.host in self.plan.hosts
+                if isinstance(event, JobPlaced):
+                    assert event.command == self.plan.jobs[event.job].job.command
+                if isinstance(event, Waiting):
+                    assert self.plan.phase(event.job) is JobPhase.QUEUED, event
+                    hosts = self.plan.hosts.values()
+                    reason = "; ".join(
+                        f"{h.name}: {h.resources.capacity_summary()}" for h in hosts if h.usable and h.resources
+                    ) or "; ".join(f"{h.name}: down" for h in hosts)
+                    assert event.reason == reason, event
+                if isinstance(event, JobRequeued | JobRetrying):
+                    assert event.host in self.plan.hosts and event.job in self.plan.jobs
+            elif isinstance(action, StartJob):
+                placed = (action.placement.machine, action.placement.gpu_indices)
+                assert self.announced.pop(action.job.name) == placed, action
 
 
 Moves = Counter[tuple[JobPhase, JobPhase]]
@@ -309,7 +349,9 @@ def test_waiting_is_said_once_per_reason_and_all_down_ends_the_batch() -> None:
     assert events(plan.probe_landed("h0", busy), Waiting) == []
     plan.hosts["h0"].quarantined = True
     gone = plan.kick()
-    assert plan.done and "every host is down" in gone[-1].event.message  # type: ignore[union-attr]
+    assert plan.done
+    notice = gone[-1].event  # type: ignore[union-attr]
+    assert (notice.level, notice.message) == ("error", "every host is down or quarantined; the remaining jobs were not run")
 
 
 # -- replayed random histories -----------------------------------------------------------------
@@ -337,7 +379,9 @@ def test_random_histories_end_every_job_exactly_once_within_the_gpus(monkeypatch
         pending: list[Action] = plan.begin("t") + plan.kick()
         running: set[str] = set()
         ends: Counter[str] = Counter()
+        said = Said(plan)
         for _step in range(600):
+            said.check(pending)
             for action in pending:
                 if isinstance(action, StartJob):
                     assert action.job.name not in running

@@ -39,7 +39,7 @@ from ssh_scheduler.planner.actions import (
 from ssh_scheduler.planner.phases import JobPhase
 from ssh_scheduler.planner.plan import Planner
 from ssh_scheduler.planner.policy import parse_halt
-from tests.test_plan import record_moves
+from tests.test_plan import Said, record_moves
 
 CPU = Needs(cpus=1, memory_mb=100, gpus=0, gpu_memory_mb=0, reserve_gpu=False)
 GPU = Needs(cpus=0.5, memory_mb=100, gpus=1, gpu_memory_mb=9000, reserve_gpu=False)
@@ -253,7 +253,9 @@ def test_random_histories_with_copy_backs_in_flight(monkeypatch: pytest.MonkeyPa
         copying: set[str] = set()
         asked: dict[str, list[int]] = {h: [] for h in plan.hosts}  # probes asked, not landed yet
         ends: Counter[str] = Counter()
+        said = Said(plan)
         for _step in range(800):
+            said.check(pending)
             for action in pending:
                 if isinstance(action, StartJob):
                     assert action.job.name not in running | copying

@@ -25,7 +25,7 @@ from ssh_scheduler.planner.actions import Action, Commit, PlanOptions, Reprobe, 
 from ssh_scheduler.planner.phases import JobPhase
 from ssh_scheduler.planner.plan import Planner
 from ssh_scheduler.planner.policy import Resumable
-from tests.test_plan import record_moves
+from tests.test_plan import Said, record_moves
 
 CPU = Needs(cpus=1, memory_mb=100, gpus=0, gpu_memory_mb=0, reserve_gpu=False)
 
@@ -166,6 +166,70 @@ def test_a_release_a_probe_saw_asks_one_probe_per_gap_while_jobs_wait() -> None:
     assert plan.next_deadline() == 17.2 + 15.0  # nothing stale any more: periodic only
 
 
+GPU = Needs(cpus=1, memory_mb=100, gpus=1, gpu_memory_mb=4000, reserve_gpu=True)
+
+
+def held(*mb: int) -> HostState:
+    """One host with len(mb) GPUs; another user's process (pid 900 + i) holds mb[i] MiB on
+    GPU i (none where mb[i] is 0)."""
+    cards = tuple(GpuState(i, f"G{i}", "sim", 16000, used, 15520 - used, 0.0) for i, used in enumerate(mb))
+    processes = tuple(GpuProcess(900 + i, f"G{i}", used) for i, used in enumerate(mb) if used)
+    return HostState(2, 0.0, 16000, 12000, cards, processes)
+
+
+def probe_times(plan: Planner, until: float, shows: HostState, host: str = "h0", took: float = 0.1) -> list[float]:
+    """Drive the planner's clock: at each deadline, perform its Reprobes (each lands ``took``
+    later, showing ``shows``); the times probes of ``host`` started, up to ``until``."""
+    started = []
+    now = 0.0
+    while (deadline := plan.next_deadline()) is not None and deadline <= until:
+        now = max(now, deadline)
+        for action in plan.tick(now):
+            if isinstance(action, Reprobe):
+                if action.host == host:
+                    started.append(now)
+                plan.probe_landed(action.host, shows, now=now + took)
+    return started
+
+
+def test_a_gpu_another_user_holds_is_looked_at_again_soon_backing_off_while_a_gpu_job_waits() -> None:
+    plan = Planner(batch(1), hosts(1), PlanOptions(GPU, gpus_explicit=True, probe_interval=15.0, probe_gap=1.0, probe_held_max=8.0))
+    plan.begin("t")
+    assert starts(plan.probe_landed("h0", held(15000), now=0.0)) == []  # their GPU: the job waits
+    assert plan.resources("h0").gpus_held_by_others == (0,)  # type: ignore[union-attr]
+    # 1, 2, 4, then 8 s (held_max) after each probe lands, not 15 s (the periodic interval).
+    assert probe_times(plan, 40.0, held(15000)) == [1.0, 3.1, 7.2, 15.3, 23.4, 31.5, 39.6]
+    # They free it: the next probe sees it, the job starts, and nothing waits any more.
+    assert [s.job.name for s in starts(plan.probe_landed("h0", held(0), now=40.0))] == ["j0"]
+    assert plan.next_deadline() == 55.0  # periodic only
+
+
+def test_held_gpus_cost_no_early_probe_unless_a_job_waits_for_a_gpu() -> None:
+    cpu = Planner(batch(3), hosts(1), PlanOptions(CPU, probe_interval=15.0, probe_gap=1.0))
+    cpu.begin("t")
+    assert len(starts(cpu.probe_landed("h0", held(15000), now=0.0))) == 2  # 2 CPUs: one job waits
+    assert cpu.next_deadline() == 15.0  # a freed GPU could not start it
+    # A GPU job waits, but the host's GPUs are ours (the one job runs there): no early probe.
+    ours = Planner(batch(2), hosts(1), PlanOptions(GPU, gpus_explicit=True, probe_interval=15.0, probe_gap=1.0))
+    ours.begin("t")
+    assert len(starts(ours.probe_landed("h0", held(0), now=0.0))) == 1
+    assert ours.next_deadline() == 15.0
+
+
+def test_the_back_off_starts_over_when_the_held_gpus_change() -> None:
+    plan = Planner(batch(2), hosts(1), PlanOptions(GPU, gpus_explicit=True, probe_interval=15.0, probe_gap=1.0, probe_held_max=8.0))
+    plan.begin("t")
+    plan.probe_landed("h0", held(15000, 15000), now=0.0)
+    assert probe_times(plan, 8.0, held(15000, 15000)) == [1.0, 3.1, 7.2]
+    assert plan.next_deadline() == 7.3 + 8.0
+    # GPU 1 is freed (a job starts there) and GPU 0 is still theirs: something moved, look again soon.
+    assert len(starts(plan.probe_landed("h0", held(15000, 0), now=9.0))) == 1
+    assert plan.next_deadline() == 10.0
+    # Paused, nothing is placed: held GPUs call for no early probe.
+    plan.pause()
+    assert plan.next_deadline() == 24.0
+
+
 def test_no_usable_host_is_the_planners_own_error_not_a_transports() -> None:
     plan = Planner(batch(2), hosts(2), PlanOptions(CPU))
     plan.begin("t")
@@ -185,11 +249,13 @@ class Seen:
 
     def __init__(self, plan: Planner) -> None:
         self.plan = plan
+        self.said = Said(plan)
         self.running: set[str] = set()
         self.ends: Counter[str] = Counter()
         self.opened = 0
 
     def take(self, actions: list[Action]) -> None:
+        self.said.check(actions)
         for action in actions:
             if isinstance(action, StartJob):
                 assert action.job.name not in self.running

@@ -45,14 +45,18 @@ def start_batch(cwd: Path, *args: str) -> subprocess.Popen[str]:
     )
 
 
-def wait_for_lines(proc: subprocess.Popen[str], prefix: str, count: int, timeout: float = 60) -> list[str]:
-    """Read stdout until ``count`` lines start with ``prefix`` (the timeout only stops a hang)."""
-    assert proc.stdout is not None
+def wait_for_lines(
+    proc: subprocess.Popen[str], prefix: str, count: int, timeout: float = 60, stream: str = "stdout"
+) -> list[str]:
+    """Read ``stream`` until ``count`` lines start with ``prefix`` (the timeout only stops a hang);
+    the lines read."""
+    pipe = proc.stdout if stream == "stdout" else proc.stderr
+    assert pipe is not None
     seen: list[str] = []
     deadline = time.monotonic() + timeout
     while len([s for s in seen if s.startswith(prefix)]) < count:
         assert time.monotonic() < deadline, f"no {prefix!r} line came: {seen}"
-        line = proc.stdout.readline()
+        line = pipe.readline()
         assert line, f"batch ended early: {seen}"
         seen.append(line)
     return seen
@@ -239,10 +243,11 @@ def test_ctrl_c_twice_leaves_no_process(cluster4: Cluster, tmp_path: Path) -> No
     host = cluster4["h1"]
     proc = start_escaping_job(tmp_path, host, 611)
     os.killpg(proc.pid, signal.SIGINT)
-    time.sleep(0.5)
+    # The second Ctrl-C once the first was heard (the batch says it drains), not after a guess.
+    heard = wait_for_lines(proc, "stopping: ", 1, stream="stderr")
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
+    assert proc.returncode == 130, "".join(heard) + err
     assert wait_until(lambda: batch_processes(host) == [], 15), batch_processes(host)
 
 
@@ -333,18 +338,23 @@ def test_cache_trust_is_by_hash_and_remembered(tmp_path: Path) -> None:
     forged = cache / cache_key(b"ours\n")
     forged.write_bytes(b"evil\n")  # same size, other bytes
     record = tmp_path / "trusted.json"
-    trust = hostguard.CacheTrust(str(cache), str(record))
-    assert trust.check(good.name, 5) and not trust.check(forged.name, 5)
-    assert not forged.exists()  # removed, to be uploaded again
-    assert not trust.check(cache_key(b"x"), None)  # absent
-    trust.save()
-    assert json.loads(record.read_text()) == {good.name: list(trust.known[good.name])}
-    # A later agent trusts it without hashing, until the file changes.
-    again = hostguard.CacheTrust(str(cache), str(record))
-    assert again.check(good.name, 5)
-    good.chmod(0o600)
-    good.write_bytes(b"bad!\n")
-    assert not hostguard.CacheTrust(str(cache), str(record)).check(good.name, 5)
+    cache_fd, record_dir = os.open(cache, os.O_RDONLY), os.open(tmp_path, os.O_RDONLY)
+    try:
+        trust = hostguard.CacheTrust(cache_fd, record_dir, record.name)
+        assert trust.check(good.name, 5) and not trust.check(forged.name, 5)
+        assert not forged.exists()  # removed, to be uploaded again
+        assert not trust.check(cache_key(b"x"), None)  # absent
+        trust.save()
+        assert json.loads(record.read_text()) == {good.name: list(trust.known[good.name])}
+        # A later agent trusts it without hashing, until the file changes.
+        again = hostguard.CacheTrust(cache_fd, record_dir, record.name)
+        assert again.check(good.name, 5)
+        good.chmod(0o600)
+        good.write_bytes(b"bad!\n")
+        assert not hostguard.CacheTrust(cache_fd, record_dir, record.name).check(good.name, 5)
+    finally:
+        os.close(cache_fd)
+        os.close(record_dir)
 
 
 @pytest.mark.parametrize("mode", [0o777, 0o770, 0o1777])
@@ -407,9 +417,12 @@ def test_files_are_created_private_and_never_through_a_planted_name(tmp_path: Pa
     target.write_text("ours\n")
     planted = tmp_path / "job.out"
     planted.symlink_to(target)
-    with pytest.raises(FileExistsError):
-        hostguard.create_private(str(planted), append=True)
-    assert target.read_text() == "ours\n"
-    fd = hostguard.create_private(str(tmp_path / "fresh.out"), append=True)
-    os.close(fd)
+    folder = os.open(tmp_path, os.O_RDONLY)
+    try:
+        with pytest.raises(FileExistsError):
+            hostguard.create_private(folder, planted.name, append=True)
+        assert target.read_text() == "ours\n"
+        os.close(hostguard.create_private(folder, "fresh.out", append=True))
+    finally:
+        os.close(folder)
     assert (tmp_path / "fresh.out").stat().st_mode & 0o777 == 0o600

@@ -37,10 +37,13 @@ def test_gpu_batch_one_job_per_gpu_with_output_results_and_exit_codes(
     slurm: SlurmSite, tmp_path: Path
 ) -> None:
     marks = shared_dir(slurm)
-    # each job holds its GPU until all eight have started: eight at once on 4 nodes x 2 GPUs
+    # each job holds its GPU until all eight have started: eight at once on 4 nodes x 2 GPUs.  A
+    # barrier never reached (fewer at once) fails the job, and so the test, instead of falling
+    # through after its 60 s as if all eight had run together.
     job = (
         f"echo $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES; touch {marks}/$SSH_SCHEDULER_JOB; "
         f"n=0; while [ $(ls {marks} | wc -l) -lt 8 ] && [ $n -lt 600 ]; do sleep 0.1; n=$((n+1)); done; "
+        f'[ $(ls {marks} | wc -l) -ge 8 ] || {{ echo "barrier: $(ls {marks} | wc -l) of 8 at once" >&2; exit 9; }}; '
         "echo made > result.txt; echo to-stderr >&2"
     )
     lines = [job] * 7 + [job + "; exit 3"]

@@ -1,27 +1,33 @@
 """Our ssh config resolution against the real ``ssh -G`` (OpenSSH from the distribution).
 
 Each case is one config file and one host name.  Both sides must agree on the host name, user,
-port, identity files, ProxyJump, ProxyCommand, UserKnownHostsFile and HostKeyAlias; when ssh
-refuses the config, we must refuse it too; when we refuse a config ssh accepts, the refusal must
-be one of the deliberate ones (one line naming the file, line and keyword).
+port, identity files (and the key files ssh tries with them, read from ``ssh -v``), ProxyJump,
+ProxyCommand, UserKnownHostsFile and HostKeyAlias; when ssh refuses the config, we must refuse
+it too; when we refuse a config ssh accepts, the refusal must be one of the deliberate ones (one
+line naming the file, line and keyword).  The cases users sent in are fixtures under
+``tests/data/ssh_config/``; the keywords are checked against the ssh binary itself.
 """
 
 from __future__ import annotations
 
+import os
 import random
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 
 from ssh_scheduler.errors import ConfigError
-from ssh_scheduler.machines.ssh_config import SYSTEM_SSH_CONFIG, read_config_file
+from ssh_scheduler.machines.ssh_config import KEYWORDS, SYSTEM_SSH_CONFIG, read_config_file
 from ssh_scheduler.machines.ssh_resolve import SshHost, resolve_host
 from tests.ssh_reference import Reference, make_reference
 
 DELIBERATE = ("is not supported", "when connecting")
-"""Words of every deliberate refusal (Match exec/canonical/final, CanonicalizeHostname...), and of
-errors ssh only meets when it connects (``ssh -G`` does not expand IdentityFile/ProxyCommand)."""
+"""Words of every deliberate refusal (Match exec/canonical/final, CanonicalizeHostname, values
+that are not UTF-8 or hold control characters...), and of errors ssh only meets when it connects
+(``ssh -G`` does not expand IdentityFile/ProxyCommand)."""
+DATA = Path(__file__).parent / "data" / "ssh_config"
 
 
 @pytest.fixture(scope="module")
@@ -30,36 +36,62 @@ def ref(tmp_path_factory: pytest.TempPathFactory) -> Reference:
     return make_reference(tmp_path_factory.mktemp("sshref"))
 
 
-def ours(ref: Reference, config: Path, host: str, system: Path | None = None) -> SshHost:
-    home = ref.account.home
-    configs = [read_config_file(config, home=home)]
+@pytest.fixture(scope="module")
+def default_keys(ref: Reference, tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """The IdentityFiles ssh uses when none is configured."""
+    empty = tmp_path_factory.mktemp("empty") / "config"
+    empty.write_text("")
+    status, values, stderr = ref.run("x", empty)
+    assert status == 0 and len(values["identityfile"]) > 3, stderr
+    return values["identityfile"]
+
+
+def ours(
+    ref: Reference, config: Path, host: str, system: Path | None = None, env: dict[str, str] | None = None
+) -> SshHost:
+    environ = ref.env if env is None else env
+    configs = [read_config_file(config, environ=environ)]
     if system is not None:
-        configs.append(read_config_file(system, home=home, user_config=False))
-    return resolve_host(
-        host, [c for c in configs if c is not None], ref.account, environ=ref.env
-    )
+        configs.append(read_config_file(system, environ=environ, user_config=False))
+    return resolve_host(host, [c for c in configs if c is not None], ref.account, environ=environ)
 
 
-def compare(ref: Reference, config: Path, host: str, system: bool = False) -> str:
-    """Resolve with both; assert they agree; return 'same', 'both refuse' or 'we refuse'."""
-    status, theirs, stderr = ref.run(host, None if system else config)
+def compare(
+    ref: Reference,
+    config: Path,
+    host: str,
+    system: bool = False,
+    env: dict[str, str] | None = None,
+    defaults: list[str] | None = None,
+) -> str:
+    """Resolve with both; assert they agree; return 'same', 'both refuse' or 'we refuse'.
+
+    ``defaults``: ssh's default IdentityFiles, to check that we leave them to ssh exactly when
+    it uses them; with them, the key files ssh tries are compared too (``ssh -v``)."""
+    status, theirs, stderr = ref.run(host, None if system else config, env=env)
     try:
-        mine = ours(ref, config, host, SYSTEM_SSH_CONFIG if system else None)
+        mine = ours(ref, config, host, SYSTEM_SSH_CONFIG if system else None, env)
     except ConfigError as err:
         message = str(err)
         assert "\n" not in message
         if status != 0:
             return "both refuse"
-        assert any(word in message for word in DELIBERATE), (message, config.read_text())
+        text = config.read_bytes()
+        assert any(word in message for word in DELIBERATE), (message, text)
         assert " line " in message, message
         return "we refuse"
-    text = config.read_text()
+    text = config.read_bytes()
     assert status == 0, (stderr, text, mine)
     assert theirs["hostname"] == [mine.hostname], text
     assert theirs["user"] == [mine.user], text
     assert theirs["port"] == [str(mine.port)], text
     if mine.identity_files:
         assert theirs["identityfile"] == list(mine.identity_files), text
+    elif defaults is not None:  # none configured: ssh tries its own, and so may we
+        assert theirs["identityfile"] == defaults, text
+    if defaults is not None and mine.identity_files and not system:
+        tried = [os.path.abspath(p) for p in ref.identity_paths(host, config, env=env)]
+        assert tried == list(mine.identity_paths), text
     home = ref.account.home
     if mine.known_hosts is None:
         expected_known = [f"{home}/.ssh/known_hosts", f"{home}/.ssh/known_hosts2"]
@@ -148,13 +180,15 @@ def generated_config(rng: random.Random) -> str:
     return "\n".join(lines) + ("\n" if rng.random() < 0.8 else "")
 
 
-def test_generated_configs_agree_with_ssh(ref: Reference, tmp_path: Path) -> None:
+def test_generated_configs_agree_with_ssh(
+    ref: Reference, default_keys: list[str], tmp_path: Path
+) -> None:
     rng = random.Random(20261126)
     outcomes: dict[str, int] = {}
     config = tmp_path / "config"
     for _ in range(300):
         config.write_text(generated_config(rng))
-        outcome = compare(ref, config, rng.choice(HOSTS))
+        outcome = compare(ref, config, rng.choice(HOSTS), defaults=default_keys)
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
     # the generator must exercise all three outcomes, mostly agreement
     print(outcomes)
@@ -185,7 +219,7 @@ def test_jump_hosts_resolve_as_ssh_dash_j(ref: Reference, tmp_path: Path) -> Non
         try:
             mine = resolve_host(
                 last.host,
-                [c for c in [read_config_file(config, home=ref.account.home)] if c is not None],
+                [c for c in [read_config_file(config, environ=ref.env)] if c is not None],
                 ref.account,
                 preset_user=last.user,
                 preset_port=last.port,
@@ -280,13 +314,15 @@ HAND_WRITTEN = [
 
 
 @pytest.mark.parametrize(("text", "host"), [c[1:] for c in HAND_WRITTEN], ids=[c[0] for c in HAND_WRITTEN])
-def test_hand_written_configs_agree_with_ssh(ref: Reference, tmp_path: Path, text: str, host: str) -> None:
+def test_hand_written_configs_agree_with_ssh(
+    ref: Reference, default_keys: list[str], tmp_path: Path, text: str, host: str
+) -> None:
     config = tmp_path / "config"
     config.write_text(text)
-    assert compare(ref, config, host) in ("same", "both refuse")
+    assert compare(ref, config, host, defaults=default_keys) in ("same", "both refuse")
 
 
-def test_includes_agree_with_ssh(ref: Reference, tmp_path: Path) -> None:
+def test_includes_agree_with_ssh(ref: Reference, default_keys: list[str], tmp_path: Path) -> None:
     """Relative Include paths are under ~/.ssh/ (also for a -F file); Host/Match in an included
     file do not leak out of it; an Include inside a non-matching block reads nothing."""
     dot_ssh = Path(ref.account.home) / ".ssh"
@@ -307,10 +343,10 @@ def test_includes_agree_with_ssh(ref: Reference, tmp_path: Path) -> None:
     config = tmp_path / "config"
     for text, host in cases:
         config.write_text(text)
-        assert compare(ref, config, host) in ("same", "both refuse"), text
+        assert compare(ref, config, host, defaults=default_keys) in ("same", "both refuse"), text
 
 
-def test_user_and_system_config_agree_with_ssh(ref: Reference) -> None:
+def test_user_and_system_config_agree_with_ssh(ref: Reference, default_keys: list[str]) -> None:
     """Without -F: ~/.ssh/config, then the machine's own /etc/ssh/ssh_config with its Includes,
     read by both sides."""
     user_config = Path(ref.account.home) / ".ssh" / "config"
@@ -318,6 +354,186 @@ def test_user_and_system_config_agree_with_ssh(ref: Reference) -> None:
     user_config.chmod(0o600)
     try:
         for host in ("gpu1", "other"):
-            assert compare(ref, user_config, host, system=True) == "same"
+            assert compare(ref, user_config, host, system=True, defaults=default_keys) == "same"
     finally:
         user_config.unlink()
+
+
+# --------------------------------------------------------------------------------------------
+# what users sent in (issue 24), as fixtures
+
+
+def fixture_cases() -> list[tuple[str, str]]:
+    lines = (DATA / "index.txt").read_text(encoding="utf-8").splitlines()
+    return [
+        (name, host)
+        for name, host in (line.split(" ", 1) for line in lines if line and not line.startswith("#"))
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "host"), [pytest.param(n, h, id=f"{n}@{h}") for n, h in fixture_cases()]
+)
+def test_users_configs_agree_with_ssh(
+    ref: Reference, default_keys: list[str], tmp_path: Path, name: str, host: str
+) -> None:
+    config = tmp_path / "config"
+    config.write_bytes((DATA / name).read_bytes())
+    compare(ref, config, host, defaults=default_keys)
+
+
+def test_the_fixtures_cover_all_three_outcomes(
+    ref: Reference, default_keys: list[str], tmp_path: Path
+) -> None:
+    config = tmp_path / "config"
+    outcomes: dict[str, list[str]] = {}
+    for name, host in fixture_cases():
+        config.write_bytes((DATA / name).read_bytes())
+        outcomes.setdefault(compare(ref, config, host, defaults=default_keys), []).append(name)
+    assert len(outcomes["same"]) > 30, outcomes
+    assert len(outcomes["both refuse"]) > 25, outcomes
+    assert outcomes["we refuse"] == ["latin1-used-value.conf"], outcomes
+
+
+def test_keywords_are_the_ones_ssh_accepts(ref: Reference, tmp_path: Path) -> None:
+    """Every keyword ssh's parser knows is ours, and nothing else: the candidates are the
+    words in the ssh binary, each asked of ssh itself in a block that does not apply."""
+    binary = Path(str(shutil.which("ssh"))).read_bytes()
+    words = {w.decode() for w in re.findall(rb"[a-z][a-z0-9]{2,40}(?=\x00)", binary)}
+    # the linker may keep "host" only as the tail of "...localhost": try every tail
+    candidates = sorted({w[i:] for w in words for i in range(len(w) - 2)} | KEYWORDS)
+    config = tmp_path / "config"
+    sentinel = "zzznotakeyword"
+    accepted: set[str] = set()
+    while candidates:
+        config.write_text(
+            "Host nomatch\n" + "".join(f"{word} zz\n" for word in candidates) + f"{sentinel} zz\n"
+        )
+        _, _, stderr = ref.run("x", config)
+        refused = set(re.findall(r"line [0-9]+: Bad configuration option: (\S+)", stderr))
+        if sentinel in refused:  # ssh read every line
+            accepted |= set(candidates) - refused
+            break
+        # a value "zz" that ssh cannot take at all stops it: that keyword is known, go on after it
+        last = max(int(n) for n in re.findall(r"line ([0-9]+)", stderr)) - 1
+        assert 1 <= last <= len(candidates), stderr[-2000:]
+        accepted |= set(candidates[:last]) - refused
+        candidates = candidates[last:]
+    assert accepted == KEYWORDS, (sorted(accepted - KEYWORDS), sorted(KEYWORDS - accepted))
+
+
+def test_includes_use_home_from_the_environment(
+    ref: Reference, default_keys: list[str], tmp_path: Path
+) -> None:
+    """'~' and relative Include paths are glob's: $HOME, not the account's home (they differ
+    under sudo without -H); the config file itself is still the account's."""
+    other = tmp_path / "other-home"
+    (other / ".ssh").mkdir(parents=True)
+    (other / ".ssh" / "inc").write_text("Host gpu1\n  User from-env-home\n")
+    (other / ".ssh" / "inc2").write_text("Host gpu1\n  Port 2201\n")
+    dot_ssh = Path(ref.account.home) / ".ssh"
+    (dot_ssh / "inc").write_text("Host gpu1\n  User from-account-home\n")
+    (dot_ssh / "inc2").write_text("Host gpu1\n  Port 2202\n")
+    config = tmp_path / "config"
+    config.write_text("Include inc\nInclude ~/.ssh/inc2\n")
+    env = {**ref.env, "HOME": str(other)}
+    assert compare(ref, config, "gpu1", env=env, defaults=default_keys) == "same"
+    assert ours(ref, config, "gpu1", env=env).user == "from-env-home"
+    assert ours(ref, config, "gpu1").user == "from-account-home"
+
+
+def test_include_globs_as_glibc(ref: Reference, default_keys: list[str], tmp_path: Path) -> None:
+    """A backslash makes the next character literal; wildcards skip dot files; '.*' also
+    matches '.' and '..' (directories, read as empty); brackets; names sorted by bytes."""
+    dot_ssh = Path(ref.account.home) / ".ssh" / "glob"
+    dot_ssh.mkdir()
+    for name, user in [("x*.conf", "literal-star"), ("xa.conf", "xa"), (".xb.conf", "hidden"),
+                       ("x[1].conf", "bracket-name"), ("x1.conf", "x1"), ("B.conf", "upper")]:
+        (dot_ssh / name).write_text(f"Host gpu1\n  User {user}\n")
+    cases = [
+        "Include glob/x\\*.conf\n",
+        "Include glob/x*.conf\n",
+        "Include glob/.x*\n",
+        "Include glob/x[1].conf\n",
+        "Include glob/x\\[1\\].conf\n",
+        "Include glob/[!x]*.conf\n",
+        "Include glob/x[a-c].conf glob/x[[:digit:]].conf\n",
+        "Include glob/.*\n",
+        "Include glob/*\n",
+        "Include gl?b/x?.conf\n",
+    ]
+    config = tmp_path / "config"
+    users = []
+    for text in cases:
+        config.write_text(text)
+        assert compare(ref, config, "gpu1", defaults=default_keys) == "same", text
+        users.append(ours(ref, config, "gpu1").user)
+    assert users[:5] == ["literal-star", "literal-star", "hidden", "x1", "bracket-name"], users
+
+
+def test_account_database_cases_agree_with_ssh(tmp_path: Path) -> None:
+    """What depends on the password and group databases, with our side run under the same
+    made-up ones: Debian accepts a group-writable config or Include when the group holds the
+    owner alone (a private group, Ubuntu's default), and Include ~user/... is that user's."""
+    if os.getuid() != 0:
+        pytest.skip("needs root to give files other groups")
+    buddy = tmp_path / "buddy"
+    (buddy / "conf").mkdir(parents=True)
+    (buddy / "conf" / "b.conf").write_text("Host gpu1\n  User from-buddy\n")
+    groups = {"private": 4340, "shared": 4343, "listed": 4344, "crowd": 4345, "empty": 4346}
+    ref = make_reference(
+        tmp_path / "r",
+        gid=groups["private"],
+        passwd=[
+            f"other:x:1001:{groups['shared']}:Other:/nonexistent:/bin/sh",
+            f"buddy:x:1002:{groups['empty'] + 100}:Buddy:{buddy}:/bin/sh",
+        ],
+        group=[
+            f"localuser:x:{groups['private']}:",
+            f"shared:x:{groups['shared']}:",
+            f"listed:x:{groups['listed']}:localuser",
+            f"crowd:x:{groups['crowd']}:localuser,other",
+            f"empty:x:{groups['empty']}:",
+        ],
+    )
+    dot_ssh = Path(ref.account.home) / ".ssh"
+    inc = dot_ssh / "inc.conf"
+    inc.write_text("Host gpu1\n  User included\n")
+    config = tmp_path / "config"
+    config.write_text("Include inc.conf\n")
+    outcomes = {}
+    for group, gid in [*groups.items(), ("unknown", 4347)]:
+        for mode in (0o664, 0o644, 0o666, 0o660):
+            os.chown(inc, 0, gid)
+            inc.chmod(mode)
+            status, theirs, stderr = ref.run("gpu1", config)
+            mine = ref.ours("gpu1", config)
+            key = f"{group} {mode:o}"
+            if status != 0:
+                assert "error" in mine and "permissions" in str(mine["error"]), (key, stderr, mine)
+                outcomes[key] = "refused"
+            else:
+                assert (mine.get("user"), theirs["user"]) == ("included", ["included"]), (key, mine)
+                outcomes[key] = "read"
+    assert outcomes["private 664"] == outcomes["listed 664"] == outcomes["shared 644"] == "read"
+    for refused in ("shared 664", "crowd 664", "empty 664", "unknown 664", "private 666"):
+        assert outcomes[refused] == "refused", outcomes
+    # ~/.ssh/config itself, group-writable by the private group (read without -F)
+    user_config = dot_ssh / "config"
+    user_config.write_text("Host gpu1\n  User from-user-config\n")
+    os.chown(user_config, 0, groups["private"])
+    user_config.chmod(0o664)
+    status, theirs, stderr = ref.run("gpu1", None)
+    assert status == 0 and theirs["user"] == ["from-user-config"], stderr
+    assert ref.ours("gpu1")["user"] == "from-user-config"
+    os.chown(user_config, 0, groups["shared"])
+    status, theirs, stderr = ref.run("gpu1", None)
+    assert status != 0 and "permissions" in str(ref.ours("gpu1").get("error")), stderr
+    user_config.unlink()
+    # ~user in an Include is that user's home, from the account database
+    for text, user in [("Include ~buddy/conf/b.conf\n", "from-buddy"),
+                       ("Include ~nosuchuser/conf/b.conf\nHost *\n  User none-found\n", "none-found")]:
+        config.write_text(text)
+        status, theirs, stderr = ref.run("gpu1", config)
+        assert status == 0 and theirs["user"] == [user], stderr
+        assert ref.ours("gpu1", config)["user"] == user

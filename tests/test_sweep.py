@@ -14,14 +14,13 @@ import pytest
 from ssh_scheduler.cli.main import sweep_args
 from ssh_scheduler.errors import ConfigError
 from ssh_scheduler.jobs.needs import NeedsOverride
+from ssh_scheduler.jobs.shell_template import placeholders, render
 from ssh_scheduler.jobs.sweep import (
     MAX_NAME_CHARS,
     Combination,
     build_jobs,
     expand,
     parse_sweep,
-    placeholders,
-    render,
     sample,
     select_commands,
 )

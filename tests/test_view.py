@@ -72,15 +72,16 @@ def test_joblog_is_gnu_parallel_tsv() -> None:
     assert len(rows) == 3  # only ended jobs; a tab in a command would not break the columns
 
 
-def test_summary_names_failures_with_their_err_and_skipped_failures() -> None:
+def test_summary_names_failures_with_their_err_and_skipped_failures(tmp_path: Path) -> None:
     summary = BatchSummary(seconds=75.4, bytes_uploaded=3 * 1024 * 1024, files_uploaded=2, bytes_downloaded=10)
     summary.outcomes["ok"] = JobOutcome("ok", "h1", Ended(0))
     summary.outcomes["bad"] = JobOutcome("bad", "h2", Ended(3))
     summary(JobSkipped(job="old", line=3, failed=True))
     summary(JobSkipped(job="fine", line=4))
-    lines = summary_lines(summary, Path("job_results"))
+    (tmp_path / "bad.err").write_text("")
+    lines = summary_lines(summary, tmp_path)
     assert lines[0] == "done: 1 finished, 1 failed, 2 skipped in 1m15s; sent 3145728 bytes (3.0 MB) in 2 files, received 10 bytes"
-    assert lines[1] == "  failed: bad (exit 3 on h2): job_results/bad.err"
+    assert lines[1] == f"  failed: bad (exit 3 on h2): {tmp_path}/bad.err"
     assert lines[2] == "1 jobs failed in an earlier run and were skipped: old; rerun with --retry-failed to run them again"
     assert summary.exit_code == 1
     only_skipped = BatchSummary()

@@ -2,27 +2,48 @@
 inputs linked in, the listing of what a job left, and small files in bulk both ways.
 
 A part of the agent (main.py): :class:`FileOperations` is mixed into its ``Agent``, whose state
-(``root``, ``cache``, ``staged``, ``trust``...) it uses.  Runs on the hosts' python3 (3.8 or
-newer): stdlib only, no 3.9+ syntax.  Every path a request names must lie in the work root;
-every file is made or read through hostguard's checks (nothing followed through a link).
+(``work``, ``root``, ``staged``, ``trust``...) it uses.  Runs on the hosts' python3 (3.8 or
+newer): stdlib only, no 3.9+ syntax.  Every path a request names must lie in the work root (a
+job's folder is ``<root>/jobs/<name>``); what it names is opened below the root's verified
+descriptors, one name at a time, never through a link (rooted.py).
 """
 
 import asyncio
 import base64
 import os
-import shutil
 import stat
 
 from ssh_scheduler.agent import hostguard as G
-from ssh_scheduler.agent import plumbing as IO
 from ssh_scheduler.agent import protocol as P
+from ssh_scheduler.agent import rooted as R
 
-CACHE_DIR = "cache"
-JOBS_DIR = "jobs"
+
+class MissingInputs(Exception):
+    """Cache entries a staging needs are not there any more (one was spoiled by a job that wrote
+    through its link, and removed): the coordinator sends them again (``keys``), the host is
+    not at fault."""
+
+    def __init__(self, keys):
+        Exception.__init__(self, "%d input(s) missing from the host's cache" % len(keys))
+        self.keys = keys
 
 
 class FileOperations(object):
     """The agent's requests about files (mixed into main.Agent)."""
+
+    def cache_trust(self):
+        if self.trust is None:
+            self.trust = G.CacheTrust(self.work.cache, self.work.fd)
+        return self.trust
+
+    def job_folder(self, path):
+        """The name, in the jobs folder, of the job folder (or its ``.out``/``.err``) that
+        ``path`` names; ValueError for any other path."""
+        rel = self.below_root(path)
+        parts = rel.split("/")
+        if len(parts) != 2 or parts[0] != G.JOBS_DIR or R.names(parts[1]) != [parts[1]]:
+            raise ValueError("%r is not a job folder of the work root" % (path,))
+        return parts[1]
 
     async def op_have(self, req):
         """Which cache entries are missing.  An entry is trusted only when it is ours, a plain
@@ -33,9 +54,7 @@ class FileOperations(object):
         self.send(P.HaveReply(id=req.id, missing=missing))
 
     def missing_from_cache(self, keys, sizes):
-        trust = self.trust
-        if trust is None:
-            trust = self.trust = G.CacheTrust(self.cache, os.path.join(self.root, "cache-trusted.json"))
+        trust = self.cache_trust()
         missing = [key for key in keys if not trust.check(key, sizes.get(key))]
         trust.save()
         return missing
@@ -45,79 +64,97 @@ class FileOperations(object):
         self.send(P.Staged(id=req.id))
 
     def stage(self, jobdir, files, dirs):
-        """Give a job its private directory, its inputs hard-linked from the cache.
+        """Give a job its private folder, its inputs hard-linked from the cache.
 
         Cache files are read-only, so a job that rewrites an input in place gets EACCES (as a
-        non-root user) rather than silently corrupting the copy every later job links to; the
-        manifest check below catches the root case and evicts the entry.
+        non-root user).  One that writes anyway (as root, or after a chmod) changes the entry
+        every link shares: an entry is linked only while it is as it was checked
+        (CacheTrust.usable), else removed and reported (MissingInputs) for the coordinator to
+        send again; the listing below also removes it as soon as the job that wrote it ends.
         """
-        if not self.inside_root(os.path.dirname(jobdir)):
-            raise ValueError("job directory outside the work root")
-        if os.path.lexists(jobdir):
-            shutil.rmtree(jobdir, ignore_errors=True)  # left by an earlier, abandoned attempt
-        os.makedirs(jobdir, mode=0o700)
+        name = self.job_folder(jobdir)
+        jobs = self.work.jobs
+        R.remove(jobs, name)  # left by an earlier, abandoned attempt
+        os.mkdir(name, 0o700, dir_fd=jobs)
+        folder = R.open_child(jobs, name)
+        trust = self.cache_trust()
         record = {}
-        for rel in dirs:
-            os.makedirs(os.path.join(jobdir, rel), exist_ok=True)
-        for staged in files:
-            rel, key = staged.rel, staged.key
-            target = os.path.join(jobdir, rel)
-            parent = os.path.dirname(target)
-            if parent:
-                os.makedirs(parent, exist_ok=True)
-            source = os.path.join(self.cache, key)
-            try:
-                os.link(source, target)
-            except OSError:
-                shutil.copy2(source, target)
-            st = os.lstat(target)
-            record[rel] = (st.st_ino, st.st_mtime_ns, st.st_size, key)
+        missing = []
+        try:
+            for rel in dirs:
+                parts = R.names(rel)
+                if parts is None:
+                    raise ValueError("%r is not a path inside the job folder" % (rel,))
+                os.close(R.open_folder(folder, parts, create=True))
+            for staged in files:
+                rel, key = "/".join(R.names(staged.rel) or ()), staged.key
+                if not trust.usable(key):
+                    missing.append(key)
+                    continue
+                with R.At(folder, rel, create=True) as (parent, last):
+                    try:
+                        os.link(key, last, src_dir_fd=self.work.cache, dst_dir_fd=parent,
+                                follow_symlinks=False)
+                    except OSError:
+                        R.copy_file(self.work.cache, key, parent, last, 0o500 if key.endswith("-x") else 0o400)
+                    st = os.stat(last, dir_fd=parent, follow_symlinks=False)
+                record[rel] = (st.st_ino, st.st_mtime_ns, st.st_size, key)
+        finally:
+            os.close(folder)
+        trust.save()
+        if missing:
+            raise MissingInputs(missing)
         self.staged[jobdir] = record
-
 
     async def op_manifest(self, req):
         entries = self.list_results(req.dir, req.paths)
         self.send(P.ManifestReply(id=req.id, entries=P.encode_listing(entries)))
 
     def list_results(self, jobdir, explicit):
-        """What to bring home from a job directory, never following a link.
+        """What to bring home from a job folder, never following a link (at any name).
 
         Without explicit paths: everything the job created or changed, i.e. not the untouched
         hard links to staged inputs.
         """
+        name = self.job_folder(jobdir)
         staged = self.staged.get(jobdir, {})
-        roots = explicit if explicit else ["."]
+        try:
+            folder = R.open_child(self.work.jobs, name)
+        except OSError:
+            return []
         entries = []
         seen = set()
-        for top in roots:
-            start = os.path.normpath(os.path.join(jobdir, top))
-            if not (start == jobdir or start.startswith(jobdir + os.sep)):
-                continue
-            for rel, st in IO.walk(start, jobdir):
-                if rel in seen:
-                    continue
-                seen.add(rel)
-                kind = IO.kind_of(st.st_mode)
-                link = None
-                if kind == "link":
-                    link = os.readlink(os.path.join(jobdir, rel))
-                if kind == "file" and not explicit:
-                    before = staged.get(rel)
-                    if before is None and st.st_nlink > 1 and st.st_mode & 0o222 == 0:
-                        continue  # an input staged by an agent that is gone (resumed batch)
-                    if before is not None and before[0] == st.st_ino:
-                        if before[1] == st.st_mtime_ns and before[2] == st.st_size:
-                            continue  # an untouched input
-                        # Rewritten in place through the shared link: the cache is spoiled.
-                        try:
-                            os.unlink(os.path.join(self.cache, before[3]))
-                        except OSError:
-                            pass
-                if kind == "dir" and not explicit:
-                    continue  # directories come along with the files in them
-                entries.append(P.ManifestEntry(path=rel, kind=kind, size=st.st_size,
-                                               mode=stat.S_IMODE(st.st_mode), link=link))
+        try:
+            for top in explicit if explicit else ["."]:
+                parts = R.names(os.path.normpath(top))
+                if parts is None:
+                    continue  # would leave the job folder
+                for rel, st in R.walk(folder, parts):
+                    if rel in seen:
+                        continue
+                    seen.add(rel)
+                    entry = self.listed(folder, rel, st, staged, explicit)
+                    if entry is not None:
+                        entries.append(entry)
+        finally:
+            os.close(folder)
         return entries
+
+    def listed(self, folder, rel, st, staged, explicit):
+        kind = R.kind_of(st.st_mode)
+        if kind == "file" and not explicit:
+            before = staged.get(rel)
+            if before is None and st.st_nlink > 1 and st.st_mode & 0o222 == 0:
+                return None  # an input staged by an agent that is gone (resumed batch)
+            if before is not None and before[0] == st.st_ino:
+                if before[1] == st.st_mtime_ns and before[2] == st.st_size:
+                    return None  # an untouched input
+                # Rewritten in place through the shared link: the cache entry is spoiled.
+                self.cache_trust().evict(before[3])
+        if kind == "dir" and not explicit:
+            return None  # directories come along with the files in them
+        link = R.read_link(folder, rel) if kind == "link" else None
+        return P.ManifestEntry(path=rel, kind=kind, size=st.st_size, mode=stat.S_IMODE(st.st_mode), link=link)
 
     async def op_remove(self, req):
         path = req.dir
@@ -126,14 +163,15 @@ class FileOperations(object):
             if job.running:
                 await self.kill_job(job, 2.0)
             for extra in (job.out_path, job.err_path):
-                if extra and self.inside_root(os.path.dirname(extra)):
-                    try:
-                        os.unlink(extra)
-                    except OSError:
-                        pass
+                try:
+                    os.unlink(self.job_folder(extra), dir_fd=self.work.jobs)
+                except (OSError, ValueError, TypeError):
+                    pass
             self.jobs.pop(job.name, None)
-        if self.inside_root(os.path.dirname(path)) and os.path.isdir(path):
-            shutil.rmtree(path, ignore_errors=True)
+        try:
+            R.remove(self.work.jobs, self.job_folder(path))
+        except ValueError:
+            pass
         self.staged.pop(path, None)
         if req.id is not None:
             self.send(P.Removed(id=req.id))
@@ -144,31 +182,21 @@ class FileOperations(object):
         self.send(P.Swept(id=req.id))
 
     def sweep(self, prefix):
-        jobs_dir = os.path.join(self.root, JOBS_DIR)
+        jobs = self.work.jobs
         busy = set(prefix + j.name for j in self.running_jobs())
-        for name in os.listdir(jobs_dir):
+        for name in os.listdir(jobs):
             stem = name[:-4] if name.endswith((".out", ".err")) else name
-            if not name.startswith(prefix) or stem in busy:
-                continue
-            path = os.path.join(jobs_dir, name)
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                try:
-                    os.unlink(path)
-                except OSError:
-                    pass
+            if name.startswith(prefix) and stem not in busy:
+                R.remove(jobs, name)
 
     # -- small files in bulk (transfer.py, bulk.py): many files per message, not per SFTP trip ---
     async def op_put(self, req):
         """Keep small inputs in the cache; each is checked against its hash before it counts."""
-        trust = self.trust
-        if trust is None:
-            trust = self.trust = G.CacheTrust(self.cache, os.path.join(self.root, "cache-trusted.json"))
+        trust = self.cache_trust()
         failed = []
         for blob in req.files:
             try:
-                why = G.keep_in_cache(self.cache, blob.name, base64.b64decode(blob.data or ""))
+                why = G.keep_in_cache(self.work.cache, blob.name, base64.b64decode(blob.data or ""))
             except (OSError, ValueError) as exc:
                 why = "%s: %s" % (type(exc).__name__, exc)
             if why is None:
@@ -179,21 +207,21 @@ class FileOperations(object):
         self.send(P.PutReply(id=req.id, failed=failed))
 
     async def op_fetch(self, req):
-        """The bytes of small result files, in the order asked, ``limit`` + 1 bytes at most."""
-        jobdir = os.path.normpath(req.dir)
-        if not self.inside_root(os.path.dirname(jobdir)):
-            raise ValueError("job directory outside the work root")
+        """The bytes of small result files, in the order asked, ``limit`` + 1 bytes at most;
+        each opened below the job's folder, one name at a time, never through a link."""
+        name = self.job_folder(os.path.normpath(req.dir))
         left = req.limit + 1
         blobs = []
-        for rel in req.paths:
-            if left <= 0:
-                break
-            if rel.startswith("/") or "\0" in rel or ".." in rel.split("/"):
-                blobs.append(P.Blob(name=rel, error="not a path inside the job folder"))
-                continue
-            data, error = G.read_regular(os.path.join(jobdir, rel), left)
-            if data is not None:
-                left -= len(data)
-                data = base64.b64encode(data).decode()
-            blobs.append(P.Blob(name=rel, data=data, error=error))
+        folder = R.open_child(self.work.jobs, name)
+        try:
+            for rel in req.paths:
+                if left <= 0:
+                    break
+                data, error = R.read_regular(folder, rel, left)
+                if data is not None:
+                    left -= len(data)
+                    data = base64.b64encode(data).decode()
+                blobs.append(P.Blob(name=rel, data=data, error=error))
+        finally:
+            os.close(folder)
         self.send(P.Fetched(id=req.id, files=blobs))

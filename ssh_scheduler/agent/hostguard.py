@@ -3,12 +3,18 @@
 Runs on the hosts with main.py (shipped with it, python3 >= 3.8, standard library only,
 plain unannotated code).  Other unix users on the host are assumed hostile:
 
-* Folders: the work root and every folder under it must be ours, a real folder (not a symlink)
-  and writable by nobody else; every folder above it must belong to us or to root and be
-  writable by others only when sticky (like /tmp).  Otherwise the agent refuses to start, with
-  one line naming the folder and the fix; nothing is ever created inside someone else's folder.
+* Folders: the work root is opened once through verified descriptors (boot.open_root: every
+  folder on the way ours or root's and writable by others only when sticky, a symlink followed
+  only when ours or root's, the root a real folder of ours nobody else may write); its folders
+  (cache, jobs, agents) must be real folders of ours nobody else may write.  Otherwise the agent
+  refuses to start, with one line naming the folder and the fix; nothing is ever created inside
+  someone else's folder.  The agent keeps them as descriptors (:class:`WorkRoot`) and opens
+  everything below through them (rooted.py), never by a path someone could change.
 * Files are created with O_EXCL | O_NOFOLLOW and mode 0600: a planted symlink cannot redirect
   them.
+* The cache: an entry is used only once its content hashed to its name, and again whenever it
+  changed since (a job that rewrote an input in place through its link spoils only that entry,
+  which is then replaced, never linked to a later job) (:class:`CacheTrust`).
 * Containment: the agent is a child subreaper (prctl PR_SET_CHILD_SUBREAPER).  An orphan
   (after setsid, a double fork, ``env -i``: nothing a job does changes this) is re-parented to
   the nearest living subreaper above it, the agent, never to init: every process any job starts
@@ -29,100 +35,73 @@ import signal
 import socket
 import stat
 import struct
+import threading
+
+from ssh_scheduler.agent import boot
+from ssh_scheduler.agent import rooted as R
 
 PR_SET_CHILD_SUBREAPER = 36
 TAG_VAR = "SSH_SCHEDULER_TAG"  # in every job's environment: the fallback where prctl is missing
 TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-
-
-class Refused(Exception):
-    """The host is not safe to work in; the message is one line with the fix."""
+CACHE_DIR = "cache"
+JOBS_DIR = "jobs"
+AGENTS_DIR = "agents"
+TRUST_RECORD = "cache-trusted.json"
 
 
 # --- folders and files ---------------------------------------------------------------------------
 
 
-def check_ancestors(path):
-    """Every folder above ``path`` must be ours or root's, and writable by others only when
-    sticky: otherwise its owner could swap our folder for a link to theirs."""
-    me = os.getuid()
-    current = os.path.realpath(os.path.dirname(path))
-    while True:
-        st = os.stat(current)
-        if st.st_uid not in (0, me):
-            raise Refused("%s belongs to another user (uid %d); put the work root in a folder of "
-                          "your own (workdir: ~/.ssh_scheduler, the default)" % (current, st.st_uid))
-        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-            raise Refused("%s is writable by other users (mode %o); put the work root in a folder "
-                          "of your own (workdir: ~/.ssh_scheduler, the default)"
-                          % (current, stat.S_IMODE(st.st_mode)))
-        parent = os.path.dirname(current)
-        if parent == current:
-            return
-        current = parent
+class WorkRoot(object):
+    """The work root and the folders the agent keeps in it, as descriptors verified once (see
+    boot.open_root): ``fd``, ``cache``, ``jobs``, ``agents``; ``path`` is where the root really
+    is (every folder on the way to it ours or root's), what the coordinator names in its
+    requests and SFTP transfers; ``shown`` the root as configured, for messages."""
 
+    def __init__(self, opened, shown):
+        self.fd, self.path = opened
+        self.shown = shown
+        # Each a real folder of ours nobody else may write (made if missing).
+        self.cache = boot.open_private(self.fd, CACHE_DIR, os.path.join(shown, CACHE_DIR), True)
+        self.jobs = boot.open_private(self.fd, JOBS_DIR, os.path.join(shown, JOBS_DIR), True)
+        self.agents = boot.open_private(self.fd, AGENTS_DIR, os.path.join(shown, AGENTS_DIR), True)
 
-def private_dir(path):
-    """Make ``path`` (mode 0700) or check that the existing one is ours and private."""
-    try:
-        os.mkdir(path, 0o700)
-        return
-    except FileExistsError:
-        pass
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise Refused("%s is not a folder (a symlink or a file); remove it, or choose another "
-                      "workdir" % path)
-    if st.st_uid != os.getuid():
-        raise Refused("%s belongs to another user (uid %d); choose another workdir (the default "
-                      "~/.ssh_scheduler is private)" % (path, st.st_uid))
-    if st.st_mode & 0o022:
-        raise Refused("%s is writable by other users (mode %o); run `chmod 700 %s` if it is "
-                      "yours, or choose another workdir" % (path, stat.S_IMODE(st.st_mode), path))
-    if st.st_mode & 0o077:
-        os.chmod(path, 0o700)  # ours and not writable by others: readable is only a leak
-
-
-def private_root(root, subdirs):
-    """The work root and its first-level folders, private; raises Refused."""
-    parent = os.path.dirname(root)
-    if not os.path.isdir(parent):
-        os.makedirs(parent, 0o700)
-    check_ancestors(root)
-    private_dir(root)
-    for sub in subdirs:
-        private_dir(os.path.join(root, sub))
+    @classmethod
+    def open(cls, root):
+        """Open (and make) ``root`` as the first stage does, for an agent started without it."""
+        path = os.path.abspath(os.path.expanduser(root))
+        return cls(boot.open_root(path, True), path)
 
 
 def keep_code(root, name, code):
-    """Keep the agent's compiled code in the (checked) root for the next start, replacing any
-    other version's (see boot.py, which loads it)."""
-    path = os.path.join(root, name)
-    try:
-        st = os.lstat(path)
-        if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022:
-            return  # the one the bootstrap loaded (or could have)
-    except OSError:
-        pass
+    """Keep the agent's compiled code in the (verified) root folder ``root`` for the next start,
+    replacing any other version's (see boot.py, which loads it)."""
+    st = R.lstat(root, name)
+    if st is not None and stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022:
+        return  # the one the first stage loaded (or could have)
     import marshal
 
-    tmp = "%s.%d" % (path, os.getpid())
+    tmp = "%s.%d" % (name, os.getpid())
     try:
-        fd = create_private(tmp)
-        with os.fdopen(fd, "wb") as f:
-            f.write(marshal.dumps(code))
-        os.replace(tmp, path)
+        fd = create_private(root, tmp)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(marshal.dumps(code))
+        except BaseException:
+            os.unlink(tmp, dir_fd=root)
+            raise
+        os.replace(tmp, name, src_dir_fd=root, dst_dir_fd=root)
         for other in os.listdir(root):
             if other.startswith("code-") and other != name:
-                os.unlink(os.path.join(root, other))
+                os.unlink(other, dir_fd=root)
     except OSError:
-        pass  # only costs compiling again next time
+        pass  # only costs compiling again next time (a full disk, say)
 
 
-def create_private(path, append=False):
-    """A new file only we can read; never follows a link, never reuses a planted name."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    return os.open(path, flags | (os.O_APPEND if append else 0), 0o600)
+def create_private(dir_fd, name, append=False):
+    """A new file ``name`` in the folder ``dir_fd`` that only we can read; never follows a
+    link, never reuses a planted name."""
+    return os.open(name, R.CREATE | (os.O_APPEND if append else 0), 0o600, dir_fd=dir_fd)
 
 
 def peer_uid(sock):
@@ -131,19 +110,31 @@ def peer_uid(sock):
     return struct.unpack("3i", creds)[1]
 
 
+def identity(st):
+    """What changes whenever a file's content or mode does: a write moves its mtime.  Not its
+    ctime, which every hard link made to it (each staging) or removed moves too."""
+    return [st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode]
+
+
 class CacheTrust(object):
     """A cache entry is used only once its content hashed to its name (``<sha256>-<r|x>``),
     it is a plain file of ours and of the size the coordinator expects; anything else is removed
     and reported missing.  What hashed true is remembered in the private root (nobody else can
-    write there) with the file's inode, size and change times, so a large input is hashed again
-    only when it changed, not at every batch."""
+    write there) with the file's identity (:func:`identity`), so a large input is hashed again
+    only when it changed, not at every batch, nor at every job that links it.
 
-    def __init__(self, cache, record):
+    ``cache``: the cache folder's descriptor; the record is ``record`` in the folder
+    ``record_dir``.  Used from the event loop and from threads (large inputs are hashed off the
+    loop): one lock."""
+
+    def __init__(self, cache, record_dir, record=TRUST_RECORD):
         self.cache = cache
+        self.record_dir = record_dir
         self.record = record
         self.changed = False
+        self.lock = threading.RLock()
         try:
-            with open(record) as f:
+            with os.fdopen(os.open(record, R.READ, dir_fd=record_dir)) as f:
                 self.known = json.load(f)
         except (OSError, ValueError):
             self.known = {}
@@ -151,59 +142,100 @@ class CacheTrust(object):
             self.known = {}
 
     def check(self, key, size):
-        path = os.path.join(self.cache, key)
-        if "/" in key or key.startswith("."):
+        """Is the entry ``key`` good to use (``size``: what the coordinator expects, or None)?
+        Hashed unless it is what hashed true before (not under the lock: a large input takes a
+        while); a bad one is removed."""
+        if not CACHE_KEY.match(key):
             return False
-        try:
-            st = os.lstat(path)
-        except OSError:
-            return False
-        seen = [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+        st = R.lstat(self.cache, key)
+        if st is None:
+            return self.forget(key)
         if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and size in (None, st.st_size):
-            if self.known.get(key) == seen:
+            with self.lock:
+                if self.known.get(key) == identity(st):
+                    return True
+            if hash_matches(self.cache, key):
+                with self.lock:
+                    self.remember(key, st)
                 return True
-            if hash_matches(path, key):
-                self.known[key] = seen
-                self.changed = True
+        self.evict(key)
+        return False
+
+    def usable(self, key):
+        """May the entry ``key`` be linked into a job now?  Asked at every staging, so cheap:
+        one lstat.  An entry as it was checked is; one never checked is what our coordinator
+        uploaded since it asked (by SFTP), taken as it is; one that changed since it was checked
+        (a job wrote through its link, or made it writable) is removed, to be sent again."""
+        if not CACHE_KEY.match(key):
+            return False
+        st = R.lstat(self.cache, key)
+        if st is None or not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+            return self.forget(key)
+        with self.lock:
+            seen = self.known.get(key)
+            if seen is None:
+                self.remember(key, st)
+            if seen is None or seen == identity(st):
                 return True
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-        if self.known.pop(key, None) is not None:
-            self.changed = True
+        self.evict(key)
         return False
 
     def learn(self, key):
         """An entry the agent wrote itself after checking its hash (see keep_in_cache)."""
-        try:
-            st = os.lstat(os.path.join(self.cache, key))
-        except OSError:
-            return
-        self.known[key] = [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+        st = R.lstat(self.cache, key)
+        if st is not None:
+            with self.lock:
+                self.remember(key, st)
+
+    def remember(self, key, st):
+        """(under the lock)"""
+        self.known[key] = identity(st)
         self.changed = True
 
+    def forget(self, key):
+        with self.lock:
+            if self.known.pop(key, None) is not None:
+                self.changed = True
+        return False
+
+    def evict(self, key):
+        """A spoiled entry: removed (the coordinator sends it again) and forgotten."""
+        try:
+            os.unlink(key, dir_fd=self.cache)
+        except OSError:
+            pass
+        self.forget(key)
+
     def save(self):
-        if not self.changed:
-            return
-        self.changed = False
+        with self.lock:
+            if not self.changed:
+                return
+            self.changed = False
+            data = json.dumps(self.known)
         tmp = "%s.%d" % (self.record, os.getpid())
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            try:
+                os.unlink(tmp, dir_fd=self.record_dir)
+            except FileNotFoundError:
+                pass
+            fd = create_private(self.record_dir, tmp)
             with os.fdopen(fd, "w") as f:
-                json.dump(self.known, f)
-            os.replace(tmp, self.record)
+                f.write(data)
+            os.replace(tmp, self.record, src_dir_fd=self.record_dir, dst_dir_fd=self.record_dir)
         except OSError:
-            pass  # only costs hashing again next time
+            try:
+                os.unlink(tmp, dir_fd=self.record_dir)
+            except OSError:
+                pass  # only costs hashing again next time
 
 
-def hash_matches(path, key):
-    """Cache keys are ``<sha256 of the content>-<r|x>``."""
+def hash_matches(cache, key):
+    """Cache keys are ``<sha256 of the content>-<r|x>``; ``cache`` is the folder's descriptor."""
     import hashlib
 
     digest = hashlib.sha256()
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(key, R.READ, dir_fd=cache)
     except OSError:
         return False
     with os.fdopen(fd, "rb") as f:
@@ -221,57 +253,34 @@ CACHE_KEY = re.compile(r"^[0-9a-f]{64}-[rx]$")
 
 
 def keep_in_cache(cache, key, data):
-    """Write ``data`` as the cache entry ``key``, private and read-only (0500 for ``-x``), only
-    when it hashes to the key; returns why it was not kept, or None.  Written under a name of
-    its own first (O_EXCL, no link followed) and renamed, so no reader sees half a file."""
+    """Write ``data`` as the cache entry ``key`` in the cache folder ``cache`` (a descriptor),
+    private and read-only (0500 for ``-x``), only when it hashes to the key; returns why it was
+    not kept, or None.  Written under a name of its own first (O_EXCL, no link followed) and
+    renamed, so no reader sees half a file; a write that fails (a full disk) leaves nothing."""
     import hashlib
 
     if not CACHE_KEY.match(key):
         return "not a cache key"
     if hashlib.sha256(data).hexdigest() != key[:64]:
         return "the content does not match its hash"
-    path = os.path.join(cache, key)
-    tmp = "%s.put-%d" % (path, os.getpid())
+    tmp = "%s.put-%d" % (key, os.getpid())
     try:
-        fd = create_private(tmp)
+        fd = create_private(cache, tmp)
     except FileExistsError:  # an earlier agent's, killed mid-write (the cache is private)
-        os.unlink(tmp)
-        fd = create_private(tmp)
+        os.unlink(tmp, dir_fd=cache)
+        fd = create_private(cache, tmp)
     try:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
         os.fchmod(fd, 0o500 if key.endswith("-x") else 0o400)
-    finally:
+    except BaseException:
         os.close(fd)
-    os.replace(tmp, path)
+        os.unlink(tmp, dir_fd=cache)
+        raise
+    os.close(fd)
+    os.replace(tmp, key, src_dir_fd=cache, dst_dir_fd=cache)
     return None
-
-
-def read_regular(path, limit):
-    """``(bytes, None)``: at most ``limit`` bytes of a regular file; ``(None, reason)`` for
-    anything else.  A link is never followed (O_NOFOLLOW), a FIFO never waited on (O_NONBLOCK,
-    then refused as not a regular file), so a job's leftovers cannot stall or redirect it."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        return None, exc.strerror or str(exc)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None, "not a regular file"
-        chunks = []
-        left = limit
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks), None
-    except OSError as exc:
-        return None, exc.strerror or str(exc)
-    finally:
-        os.close(fd)
 
 
 # --- processes -----------------------------------------------------------------------------------

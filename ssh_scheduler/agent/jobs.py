@@ -9,6 +9,17 @@ Containment (see hostguard.py): the agent is a child subreaper, so whatever a jo
 (``setsid``, double forks, ``env -i``) stays below the agent and is found through its parent
 chain or its working folder and killed with the job; where ``prctl`` is missing, the process
 group and a tag in the environment (``SSH_SCHEDULER_TAG``) are what remain.
+
+What a job runs is on no command line: ``ps`` shows every process's arguments to every user of
+the host, so the command (with the machine's ``setup:`` lines) reaches the job's shell in its
+environment (readable only by us and root), and the shell's own arguments are always the same
+few words (:data:`SHELL_LINE`).  The job starts in its folder as opened below the verified work
+root (a descriptor, through /proc/self/fd), never by a path.
+
+Output goes home first, then into the host's copy (``<job>.out``/``.err``, kept for a
+coordinator that reattaches): a copy that cannot be written (a full disk) is dropped and said
+once (a Notice), never the output itself; what neither reached home nor the copy is known, so a
+coordinator that comes back after it learns the job's output is incomplete (Exit.lost).
 """
 
 import asyncio
@@ -20,6 +31,16 @@ import subprocess
 from ssh_scheduler.agent import hostguard as G
 from ssh_scheduler.agent import plumbing as IO
 from ssh_scheduler.agent import protocol as P
+from ssh_scheduler.agent import rooted as R
+
+COMMAND_VAR = "SSH_SCHEDULER_COMMAND"
+SHELL_LINE = 'eval "$SSH_SCHEDULER_COMMAND"'
+"""The job shell's whole command line: it runs what the environment holds (which first removes
+itself from the environment the job's programs get)."""
+PROC_FD = os.path.isdir("/proc/self/fd")  # where a folder descriptor can be a working folder
+STREAMS = {1: "stdout", 2: "stderr"}
+COPY_FAILED = ("cannot keep job output on the host (%s): it goes home only, and a coordinator "
+               "that reattaches cannot catch up on what it missed")
 
 
 class Job(object):
@@ -39,6 +60,10 @@ class Job(object):
         self.listing_paths = None  # ...only these (None: what the job created or changed)
         self.max_output = None  # bytes of stdout + stderr kept and sent; then the job is killed
         self.over_limit = False
+        self.produced = [0, 0, 0]  # bytes of stdout, stderr the job wrote (by fd)
+        self.kept = [0, 0, 0]  # ...of which in the host's copy
+        self.broken = {}  # fd -> why its host copy could not be written
+        self.lost = None  # what of its output is neither home nor on the host (see op_resume)
 
     @property
     def running(self):
@@ -170,13 +195,14 @@ class JobSupervision(object):
                 self.stage(req.cwd, req.stage.files, req.stage.dirs)
             except Exception as exc:
                 job.code = -1
-                self.send(P.Exit(job=name, message="staging failed: %s: %s" % (type(exc).__name__, exc)))
+                self.send(P.Exit(job=name, message="staging failed: %s: %s" % (type(exc).__name__, exc),
+                                 missing=getattr(exc, "keys", None)))
                 return
         for path in (job.out_path, job.err_path):  # an earlier attempt's (created afresh below)
-            if path and self.inside_root(path):
+            if path:
                 try:
-                    os.unlink(path)
-                except OSError:
+                    os.unlink(self.job_folder(path), dir_fd=self.work.jobs)
+                except (OSError, ValueError):
                     pass
         env = dict(os.environ)
         env.update(req.env)
@@ -185,14 +211,21 @@ class JobSupervision(object):
         protocol = JobProtocol(self, job, loop)
         self.contain()
         self.spawning += 1
+        folder = -1
         try:
-            transport = await self.spawn(loop, protocol, req.cmd, req.cwd, env)
-        except (OSError, subprocess.SubprocessError) as exc:
+            folder = R.open_child(self.work.jobs, self.job_folder(req.cwd))
+            # The job's folder as opened below the root, not a path someone could re-link.
+            cwd = "/proc/self/fd/%d" % folder if PROC_FD else req.cwd
+            transport = await self.spawn(loop, protocol, req.cmd, cwd, env)
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
             self.spawning -= 1
             protocol.close_files()
             job.code = 127
             self.send(P.Exit(job=name, code=127, message=str(exc)))
             return
+        finally:
+            if folder >= 0:
+                os.close(folder)
         job.transport = transport
         job.pid = transport.get_pid()
         self.spawning -= 1
@@ -225,8 +258,10 @@ class JobSupervision(object):
             self.send_exit(job)
 
     async def spawn(self, loop, protocol, cmd, cwd, env):
-        """Start ``bash --norc -c cmd``, or the program itself where that is the same
-        (IO.without_shell); an exec the kernel refuses is bash's to run (and to explain)."""
+        """Start ``bash --norc -c SHELL_LINE`` with the command in its environment, or the
+        program itself where that is the same (IO.without_shell: its arguments are its own, as
+        ``ps`` would show them once bash had exec'd it); an exec the kernel refuses is bash's to
+        run (and to explain)."""
         direct = IO.without_shell(cmd, cwd, env) if self.shell[0] == "/bin/bash" else None
         if direct is not None:
             argv, program, direct_env = direct
@@ -238,8 +273,10 @@ class JobSupervision(object):
                 return transport
             except OSError:
                 pass
+        env = dict(env)
+        env[COMMAND_VAR] = "unset %s; %s" % (COMMAND_VAR, cmd)  # its first line stays line 1
         transport, _ = await loop.subprocess_exec(
-            lambda: protocol, *self.shell, "-c", cmd, cwd=cwd, env=env,
+            lambda: protocol, *self.shell, "-c", SHELL_LINE, cwd=cwd, env=env,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, start_new_session=True)
         return transport
@@ -248,11 +285,19 @@ class JobSupervision(object):
         entries = None
         if job.listing and job.jobdir:
             entries = P.encode_listing(self.list_results(job.jobdir, job.listing_paths))
-        self.send(P.Exit(job=job.name, code=job.code, entries=entries,
+        self.send(P.Exit(job=job.name, code=job.code, entries=entries, lost=job.lost,
                          message=P.OUTPUT_LIMIT if job.over_limit else None))
 
+    def copy_failed(self, job, fd, why):
+        """The host's copy of a stream of the job cannot be written: dropped, and said (the
+        coordinator says it once per host)."""
+        job.broken[fd] = why
+        self.send(P.Notice(job=job.name, message=COPY_FAILED % why))
+
     async def op_resume(self, req):
-        """A coordinator that came back takes up a job: what it missed, then live output."""
+        """A coordinator that came back takes up a job: what it missed, then live output.
+        Output it missed that the host's copy does not hold either (the copy failed while no
+        coordinator listened) exists nowhere: the job's Exit says so (``lost``)."""
         job = self.jobs.get(req.job)
         if job is None:
             self.send(P.Exit(job=req.job, message="unknown job"))
@@ -263,7 +308,7 @@ class JobSupervision(object):
             if not path:
                 continue
             try:
-                with open(path, "rb") as f:
+                with open(os.open(self.job_folder(path), R.READ, dir_fd=self.work.jobs), "rb") as f:
                     f.seek(int(offset))
                     while True:
                         chunk = f.read(1 << 16)
@@ -271,8 +316,12 @@ class JobSupervision(object):
                             break
                         self.send(P.Output(job=job.name, fd=fd,
                                            data=base64.b64encode(chunk).decode()))
-            except OSError:
+            except (OSError, ValueError):
                 pass
+            gap = max(int(offset), job.kept[fd])
+            if job.produced[fd] > gap and job.lost is None:
+                job.lost = "its output after byte %d of %s was lost on the host (%s)" % (
+                    gap, STREAMS[fd], job.broken.get(fd, "not kept"))
         job.subscribed = True
         if not job.running:
             self.send_exit(job)
@@ -293,9 +342,7 @@ class JobProtocol(asyncio.SubprocessProtocol):
     def __init__(self, agent, job, loop):
         self.agent = agent
         self.job = job
-        # Opened at the first byte: most short jobs print little, and two creates per job
-        # were a fifth of the agent's time on a batch of 1000 'true's.
-        self.files = {}
+        self.files = {}  # fd -> descriptor of the host's copy (keep_copy)
         self.paths = {1: job.out_path, 2: job.err_path}
         self.exited = loop.create_future()
         self.drained = loop.create_future()
@@ -311,16 +358,30 @@ class JobProtocol(asyncio.SubprocessProtocol):
                 self.job.over_limit = True
                 self.agent.keep(asyncio.ensure_future(self.agent.kill_job(self.job, 1.0)))
             self.room -= len(data)
-        copy = self.files.get(fd)
-        if copy is None and self.paths.get(fd):
-            # Never through a planted link, never into a file someone else made.
-            copy = self.files[fd] = os.fdopen(G.create_private(self.paths[fd], append=True), "ab")
-        if copy is not None:
-            copy.write(data)
-            copy.flush()
-        if self.job.subscribed:
+        self.job.produced[fd] += len(data)
+        if self.job.subscribed:  # home first: whatever becomes of the host's copy
             self.agent.send(P.Output(job=self.job.name, fd=fd,
                                      data=base64.b64encode(data).decode()))
+        if self.paths.get(fd) and fd not in self.job.broken:
+            self.keep_copy(fd, data)
+
+    def keep_copy(self, fd, data):
+        """Append to the host's copy of the stream (made at its first byte: most short jobs
+        print little, and two creates per job were a fifth of the agent's time on a batch of
+        1000 'true's); never through a planted link, never into a file someone else made."""
+        try:
+            out = self.files.get(fd)
+            if out is None:
+                name = self.agent.job_folder(self.paths[fd])
+                out = self.files[fd] = G.create_private(self.agent.work.jobs, name, append=True)
+            view = memoryview(data)
+            while view:
+                written = os.write(out, view)
+                self.job.kept[fd] += written
+                view = view[written:]
+        except (OSError, ValueError) as exc:
+            self.close_file(fd)
+            self.agent.copy_failed(self.job, fd, getattr(exc, "strerror", None) or str(exc))
 
     def pipe_connection_lost(self, fd, exc):
         self.open_pipes.discard(fd)
@@ -331,7 +392,14 @@ class JobProtocol(asyncio.SubprocessProtocol):
         if not self.exited.done():
             self.exited.set_result(None)
 
+    def close_file(self, fd):
+        out = self.files.pop(fd, None)
+        if out is not None:
+            try:
+                os.close(out)
+            except OSError:
+                pass
+
     def close_files(self):
-        for f in self.files.values():
-            if f is not None:
-                f.close()
+        for fd in list(self.files):
+            self.close_file(fd)

@@ -34,27 +34,32 @@ import sys
 import threading
 import time
 
+from ssh_scheduler.agent import boot, slurm
 from ssh_scheduler.agent import hostguard as G
 from ssh_scheduler.agent import plumbing as IO
 from ssh_scheduler.agent import protocol as P
-from ssh_scheduler.agent import slurm
-from ssh_scheduler.agent.files import CACHE_DIR, JOBS_DIR, FileOperations
+from ssh_scheduler.agent.files import FileOperations
 from ssh_scheduler.agent.jobs import JobSupervision
 from ssh_scheduler.agent.relay import relay, start_unix_server
 from ssh_scheduler.agent.wire import ProtocolError, decode_request
 
-AGENTS_DIR = "agents"
 SLURM_COMMAND_TIMEOUT = 60.0  # seconds one squeue, scontrol or sacct may take
 REFUSED = "ssh_scheduler agent refused to start: "  # as boot.py says it (session.AGENT_REFUSED)
 
 
 class Agent(JobSupervision, FileOperations):
-    """One host's agent: its jobs, its files, and the coordinator it answers now."""
+    """One host's agent: its jobs, its files, and the coordinator it answers now.
 
-    def __init__(self, root, token):
-        self.root = os.path.abspath(os.path.expanduser(root))
+    ``work``: the work root as the first stage opened it (G.WorkRoot); without it (tests,
+    debugging) the agent opens ``root`` the same way."""
+
+    def __init__(self, root, token, work=None):
+        self.work = work if work is not None else G.WorkRoot.open(root)
+        # Where the root really is: every path the coordinator names lies below it, and each
+        # is opened below the verified descriptors (files.py, rooted.py), never as a path.
+        self.root = self.work.path
         self.token = token or ("t%d" % os.getpid())
-        self.cache = os.path.join(self.root, CACHE_DIR)
+        self.cache = os.path.join(self.root, G.CACHE_DIR)
         self.jobs = {}  # job name -> Job (kept after exit until removed)
         self.staged = {}  # job dir -> {rel: (ino, mtime_ns, size, key)}
         self.lease = 60.0
@@ -85,16 +90,25 @@ class Agent(JobSupervision, FileOperations):
         if client is None:
             return
         data = message.encode()
+        if len(data) > P.MAX_LINE:  # the coordinator would take the host for lost: say why instead
+            data = P.too_long(message, len(data)).encode()
         try:
             client.write(data)
         except Exception:
             self.client = None
 
     def inside_root(self, path):
-        # normpath, not realpath: the paths come from our coordinator under a root we made; the
-        # check stops a wrong path, and a realpath per job cost more than the job's own setup.
+        """Is ``path`` (as the coordinator names it) below the work root?  Only a check of the
+        name: what it names is opened below the root's descriptor (rooted.py)."""
         real = os.path.normpath(path)
         return real == self.root or real.startswith(self.root + os.sep)
+
+    def below_root(self, path):
+        """``path`` (below the root, as the coordinator names it) relative to the root; raises
+        ValueError for any other path."""
+        if not isinstance(path, str) or not path.startswith(self.root + "/"):
+            raise ValueError("%r is outside the work root" % (path,))
+        return path[len(self.root) + 1:]
 
     async def serve(self, sock_path):
         loop = asyncio.get_event_loop()
@@ -115,7 +129,7 @@ class Agent(JobSupervision, FileOperations):
         except ValueError:
             writer = IO.BlockingWriter(sys.stdout.fileno())
         # A thread, not a task: it must fire even if the event loop were stuck.
-        threading.Thread(target=self.watchdog, daemon=True).start()
+        threading.Thread(target=self.keep_lease, daemon=True).start()
         self.done = loop.create_future()
         await self.attach(reader, writer)
         if not self.closing and self.jobs:
@@ -173,7 +187,7 @@ class Agent(JobSupervision, FileOperations):
             self.send(P.Error(id=req.id, job=getattr(req, "job", None),
                               message="%s: %s" % (type(exc).__name__, exc)))
 
-    def watchdog(self):
+    def keep_lease(self):
         # Cut networks never deliver EOF and killed coordinators never say bye: the lease is
         # what frees the host then.
         while True:
@@ -198,7 +212,7 @@ class Agent(JobSupervision, FileOperations):
         if req.probe is not None:  # answered under its own id, exactly like a Probe request
             self.keep(asyncio.ensure_future(self.guard(self.op_probe, req.probe)))
         jobs = dict((j.name, P.JobState(running=j.running, code=j.code)) for j in self.jobs.values())
-        self.send(P.HelloReply(id=req.id, pid=os.getpid(), root=self.root,
+        self.send(P.HelloReply(id=req.id, pid=os.getpid(), root=self.work.shown, real=self.root,
                                python=sys.version.split()[0], jobs=jobs,
                                probing=req.probe is not None))
 
@@ -245,7 +259,8 @@ class Agent(JobSupervision, FileOperations):
         """Where our Slurm jobs stand (slurm.py); their output is read in a thread, after."""
         reply = await slurm.query(req, self.run_command)
         loop = asyncio.get_event_loop()
-        reply.data = await loop.run_in_executor(None, slurm.new_output, req, self.inside_root)
+        reply.data, reply.more = await loop.run_in_executor(None, slurm.new_output, req, self.below_root,
+                                                            self.work.fd)
         self.send(reply)
 
     async def run_command(self, argv, timeout=SLURM_COMMAND_TIMEOUT):
@@ -275,34 +290,30 @@ class Agent(JobSupervision, FileOperations):
         return proc.returncode, (out + err).decode("utf-8", "replace")
 
 
-def main(root="~/.ssh_scheduler", token="", code=None):
-    """Serve the coordinator on stdin/stdout; ``code``: (file name, code objects) of the agent
-    as the first stage compiled or loaded them, kept in the work root for the next start."""
-    root_abs = os.path.abspath(os.path.expanduser(root))
+def main(root="~/.ssh_scheduler", token="", code=None, opened=None):
+    """Serve the coordinator on stdin/stdout.  ``code``: (file name, code objects) of the agent
+    as the first stage compiled or loaded them, kept in the work root for the next start;
+    ``opened``: the work root as the first stage opened it (boot.open_root)."""
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # outlive the session that started us
     try:
         if token and not G.TOKEN.match(token):
-            raise G.Refused("batch token %r is not a plain name" % token[:80])
-        try:
-            G.private_root(root_abs, (CACHE_DIR, JOBS_DIR, AGENTS_DIR))
-        except OSError as exc:  # a read-only home, a workdir nobody may create: say which and the fix
-            where = "" if exc.filename in (None, root_abs) else " (at %s)" % exc.filename
-            shown = root if root == root_abs else "%s (%s)" % (root, root_abs)
-            raise G.Refused("cannot create the work root %s: %s%s; fix: set workdir: in the machine "
-                            "YAML to a folder this user can write" % (shown, exc.strerror, where)) from None
+            raise boot.Refused("batch token %r is not a plain name" % token[:80])
+        shown = os.path.abspath(os.path.expanduser(root))
+        work = G.WorkRoot(opened, shown) if opened is not None else G.WorkRoot.open(root)
         if code is not None:  # started by boot.py, which compiled (or loaded) it
-            G.keep_code(root_abs, *code)
-        # The socket is named relative to its folder: no path length limit to work around.
-        os.chdir(os.path.join(root_abs, AGENTS_DIR))
+            G.keep_code(work.fd, *code)
+        # The socket is named relative to its folder (no path length limit to work around),
+        # and that folder is the verified descriptor, not a path.
+        os.fchdir(work.agents)
         name = token + ".sock" if token else None
         if name and relay(name):
             return
-    except (G.Refused, OSError) as exc:
+    except (boot.Refused, OSError) as exc:
         # One plain line: the coordinator shows it as the reason the host is unusable.
         sys.stdout.write("%s%s\n" % (REFUSED, exc))
         sys.stdout.flush()
         sys.exit(2)
-    agent = Agent(root_abs, token)
+    agent = Agent(root, token, work)
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     IO.use_pidfd_watcher(loop)

@@ -1,6 +1,5 @@
 """The agent's plumbing that knows nothing of jobs: blocking writes, reading a stream in a thread,
-walking a job folder for its results listing, the pidfd child watcher, and which command lines
-start without a shell (:func:`without_shell`).
+the pidfd child watcher, and which command lines start without a shell (:func:`without_shell`).
 
 Runs on the hosts' python3 (3.8 or newer) as part of the agent (loaded with it by boot.py,
 the first stage): stdlib only, no 3.9+ syntax.
@@ -26,44 +25,6 @@ def feed_from_file(loop, reader):
     for line in iter(sys.stdin.buffer.readline, b""):
         loop.call_soon_threadsafe(reader.feed_data, line)
     loop.call_soon_threadsafe(reader.feed_eof)
-
-
-def kind_of(mode):
-    if stat.S_ISREG(mode):
-        return "file"
-    if stat.S_ISDIR(mode):
-        return "dir"
-    if stat.S_ISLNK(mode):
-        return "link"
-    return "special"
-
-
-def walk(start, base):
-    """Yield (relative path, lstat) below ``start`` without following symlinks."""
-    try:
-        st = os.lstat(start)
-    except OSError:
-        return
-    rel = os.path.relpath(start, base)
-    if rel != ".":
-        yield rel, st
-    if not stat.S_ISDIR(st.st_mode):
-        return
-    stack = [start]
-    while stack:
-        current = stack.pop()
-        try:
-            with os.scandir(current) as it:
-                for entry in it:
-                    try:
-                        est = entry.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    yield os.path.relpath(entry.path, base), est
-                    if stat.S_ISDIR(est.st_mode):
-                        stack.append(entry.path)
-        except OSError:
-            continue
 
 
 def use_pidfd_watcher(loop):

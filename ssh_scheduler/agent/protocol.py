@@ -10,11 +10,20 @@ tests/test_protocol.py fails until both exist.
 
 from __future__ import annotations
 
-from ssh_scheduler.agent.wire import Event, ProtocolError, Record, Reply, Request
+from ssh_scheduler.agent.wire import Event, Message, ProtocolError, Record, Reply, Request
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional, Tuple
+
+MAX_LINE = 16 << 20
+"""The longest line the agent sends, and the longest the coordinator reads from a host (each host
+holds one line at a time, so this bounds what a host can make us hold).  A real agent stays far
+below: output comes 256 KiB at a time, files in bulk 4 MiB at a time, Slurm output by a budget
+(slurm.py); a listing that would not fit is refused with the reason (:func:`too_long`)."""
+MAX_OUTPUT_LINE = 1 << 20
+"""The longest ``out`` event: the agent sends at most 256 KiB of a job's output in one (asyncio
+reads a pipe 256 KiB at a time), 4/3 of it in base64."""
 
 
 # --- records ---------------------------------------------------------------------------------
@@ -83,7 +92,10 @@ def decode_listing(raw: object) -> Tuple[List[ManifestEntry], int]:
 class HelloReply(Reply):
     TAG = "hello"
     pid: int
-    root: str
+    root: str  # the work root as configured (expanded): what the coordinator checks
+    # Where the root really is: every folder on the way ours or root's (boot.open_root).  Every
+    # path the coordinator names there (jobs, uploads) starts with it.
+    real: Optional[str] = None
     python: str
     jobs: Dict[str, JobState] = {}  # jobs this agent already had (a reattached coordinator)
     # True: the agent started the probe the hello carried; its ProbeReply follows under that
@@ -160,12 +172,25 @@ class Output(Event):
 
 
 class Exit(Event):
-    """A job's end.  ``code`` None: it never ran (staging failed, unknown job)."""
+    """A job's end.  ``code`` None: it never ran (staging failed, unknown job).  ``missing``:
+    it never ran because these cache entries were gone (the coordinator sends them again).
+    ``lost``: part of its output exists nowhere (the host could not keep it while no
+    coordinator listened): it cannot count as good."""
 
     TAG = "exit"
     code: Optional[int] = None
     message: Optional[str] = None
     entries: Any = None  # the results listing when the run asked for one (decode_listing)
+    missing: Optional[List[str]] = None
+    lost: Optional[str] = None
+
+
+class Notice(Event):
+    """Something about a job the coordinator should say once per host (its host copy of the
+    output could not be written, say); it changes nothing of the job."""
+
+    TAG = "notice"
+    message: str
 
 
 OUTPUT_LIMIT = "the output limit was reached"  # Exit.message of a job killed for it
@@ -330,6 +355,7 @@ class SlurmReply(Reply):
     squeue: str  # its lines, "id|name|state|reason"
     detail: Dict[str, str] = {}  # Slurm id -> its ``scontrol -o`` line, or "sacct " + sacct's
     data: List[OutputChunk] = []
+    more: List[str] = []  # jobs whose new output did not fit this reply: it comes with the next
 
 
 class SlurmQuery(Request):
@@ -348,3 +374,20 @@ class SlurmQuery(Request):
     base: str = ""  # what every output path starts with (sent once)
     outputs: List[OutputAt] = []
     chunk: int = 1 << 20
+
+
+# --- the line limit ------------------------------------------------------------------------
+
+
+def too_long(message: Message, size: int) -> Message:
+    """What the agent sends instead of ``message`` when its line (``size`` bytes) would pass
+    MAX_LINE (the coordinator would take the host for lost): an Exit without its listing (the
+    coordinator then asks for it and learns why), or an error saying why."""
+    if isinstance(message, Exit):
+        message.entries = None
+        return message
+    why = "its answer to %r is %d MiB, over the agent protocol's limit of %d MiB per message" % (
+        message.TAG, size >> 20, MAX_LINE >> 20)
+    if isinstance(message, ManifestReply):
+        why += "; bring back fewer files (--copy-backwards)"
+    return Error(id=message.id, job=getattr(message, "job", None), message=why)

@@ -18,6 +18,7 @@ import os
 import stat
 
 from ssh_scheduler.agent import protocol as P
+from ssh_scheduler.agent import rooted as R
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -31,6 +32,8 @@ SCONTROL = ["scontrol", "-o", "show", "job"]
 SACCT = ["sacct", "-P", "-n", "-X", "-o", "JobID,State,ExitCode", "-j"]
 IDS_PER_ARGUMENT = 16 * 1024
 """Bytes of job ids in one ``sacct -j`` argument (a command line holds 128 KiB per argument)."""
+DATA_BUDGET = P.MAX_LINE // 2
+"""Bytes of output in one reply (4/3 of it in base64): the rest of the line is for the states."""
 
 
 def with_prefix(prefix: Optional[str], argv: List[str]) -> List[str]:
@@ -112,26 +115,37 @@ async def query(req: P.SlurmQuery, run: Runner) -> P.SlurmReply:
     return reply
 
 
-def new_output(req: P.SlurmQuery, inside_root: Callable[[str], bool]) -> List[P.OutputChunk]:
+def new_output(req: P.SlurmQuery, below_root: Callable[[str], str], root: int) -> Tuple[List[P.OutputChunk], List[str]]:
     """Up to ``req.chunk`` new bytes of each job's ``.out`` and ``.err`` (read after the states,
-    so a job seen ended has all its output here or in a full chunk).  Only files in the work
-    root, never through a link, never a FIFO a job left there (it would block us)."""
-    chunks = []
+    so a job seen ended has all its output here or in a full chunk), and the jobs left for the
+    next query: the reply stays within the protocol's line limit (:data:`DATA_BUDGET`), the
+    coordinator asks again for those.  Only files in the work root (``root``, its descriptor:
+    ``below_root`` names a path relative to it), opened one name at a time, never through a
+    link, never a FIFO a job left there (it would block us)."""
+    chunks = []  # type: List[P.OutputChunk]
+    more = []  # type: List[str]
+    budget = DATA_BUDGET
     for at in req.outputs:
-        path = req.base + at.rest
-        if not inside_root(os.path.dirname(path)):
+        try:
+            rel = below_root(req.base + at.rest)
+        except ValueError:
+            continue
+        if chunks and budget < 2 * req.chunk:
+            more.append(at.job)
             continue
         for fd, suffix, offset in ((1, ".out", at.out), (2, ".err", at.err)):
-            data = read_from(path + suffix, offset, req.chunk)
+            data = read_from(root, rel + suffix, offset, req.chunk)
             if data:
+                budget -= len(data)
                 chunks.append(P.OutputChunk(job=at.job, fd=fd, data=base64.b64encode(data).decode()))
-    return chunks
+    return chunks, more
 
 
-def read_from(path: str, offset: int, size: int) -> bytes:
+def read_from(root: int, rel: str, offset: int, size: int) -> bytes:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+        with R.At(root, rel) as (folder, name):
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder)
+    except (OSError, ValueError, TypeError):
         return b""  # not written yet
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):

@@ -1,5 +1,12 @@
 """What every command shares: printing a line, the one-line error, running the event loop with
-signals wired, and ending quietly when the reader of our output went away."""
+signals wired, and ending quietly when the reader of our output went away.
+
+Every line the commands print goes through :func:`out_line` / :func:`err_line` (or the live
+view, or the log handler of ``cli.main``), and those pass it through the one sanitizer
+(:func:`ssh_scheduler.errors.plain_text`): whatever a host, a job, a results folder or a socket
+put into a line, no escape sequence reaches the terminal raw and no line is split in two.  Only
+a command's own output that the user asked to see (``execute_remote``, ``execute_to``, a
+sweep's ``-d``) is passed through as it came, as ``ssh`` passes it."""
 
 from __future__ import annotations
 
@@ -13,26 +20,56 @@ from typing import Any, TypeVar
 
 import typer
 
-from ssh_scheduler.errors import SchedulerError
+from ssh_scheduler.errors import SchedulerError, plain_text
 
-__all__ = ["err_line", "fail", "out_line", "quiet_on_broken_pipe", "run_async"]
+__all__ = ["StreamLines", "err_line", "fail", "out_line", "quiet_on_broken_pipe", "run_async", "terminal_line"]
 
 T = TypeVar("T")
 
 
+def terminal_line(line: str) -> str:
+    """One line as it may reach the terminal: the one sanitizer, tabs kept (``jobs`` prints TSV
+    and a tab cannot move back over text)."""
+    return plain_text(line, tabs=True)
+
+
 def out_line(line: str) -> None:
-    sys.stdout.write(line + "\n")
+    sys.stdout.write(terminal_line(line) + "\n")
     sys.stdout.flush()
 
 
 def err_line(line: str) -> None:
-    sys.stderr.write(line + "\n")
+    sys.stderr.write(terminal_line(line) + "\n")
     sys.stderr.flush()
 
 
 def fail(exc: SchedulerError) -> typer.Exit:
-    typer.echo(f"error: {exc}", err=True)
+    err_line(f"error: {exc}")
     return typer.Exit(exc.exit_code)
+
+
+class StreamLines:
+    """Bytes another process printed (the detached coordinator before it is under way, a local
+    agent's stderr among them), to ``write`` line by line through the one sanitizer; an
+    unfinished line waits for its end (at most ``limit`` bytes) or :meth:`flush`."""
+
+    def __init__(self, write: Callable[[str], None] = err_line, limit: int = 1 << 16) -> None:
+        self.write = write
+        self.limit = limit
+        self.pending = b""
+
+    def feed(self, data: bytes) -> None:
+        self.pending += data
+        *lines, self.pending = self.pending.split(b"\n")
+        for line in lines:
+            self.write(line.decode("utf-8", "surrogateescape"))
+        if len(self.pending) >= self.limit:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.pending:
+            self.write(self.pending.decode("utf-8", "surrogateescape"))
+            self.pending = b""
 
 
 def run_async(factory: Callable[[], Coroutine[Any, Any, T]], on_interrupt: Callable[[], None] | None = None) -> T:

@@ -20,18 +20,19 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from ssh_scheduler.cli.common import StreamLines
 from ssh_scheduler.cli.common import err_line as _err
 from ssh_scheduler.cli.common import out_line as _out
 from ssh_scheduler.coordinator.detach import (
-    EVENTS_NAME,
-    EXIT_EVENT,
     LOG_NAME,
     CoordinatorSession,
     event_from_json,
+    exit_record,
     follow_events,
     start_coordinator,
 )
-from ssh_scheduler.errors import ConfigError, SchedulerError
+from ssh_scheduler.errors import ConfigError, SchedulerError, plain_text
+from ssh_scheduler.results.event_log import EVENTS_NAME, EXIT_EVENT
 
 if TYPE_CHECKING:
     from ssh_scheduler.coordinator.batch import Batch
@@ -57,11 +58,9 @@ def start_detached(
     def argv(status_fd: int) -> list[str]:
         return [sys.executable, "-m", "ssh_scheduler", *command(status_fd)]
 
-    def echo(data: bytes) -> None:
-        sys.stderr.buffer.write(data)
-        sys.stderr.flush()
-
-    pid, code = start_coordinator(argv, echo)
+    early = StreamLines(_err)  # the coordinator's first words, a local agent's among them
+    pid, code = start_coordinator(argv, early.feed)
+    early.flush()
     if pid is None:
         return code
     if json_events:
@@ -81,7 +80,7 @@ def _records_until_started(path: Path) -> list[str]:
 
     lines: list[str] = []
     with contextlib.suppress(OSError), open(path, encoding="utf-8", errors="replace") as stream:
-        for line in stream:
+        for line in stream:  # the coordinator just wrote them, each through json.dumps
             lines.append(line.rstrip("\n"))
             with contextlib.suppress(ValueError):
                 record = json.loads(line)
@@ -157,13 +156,13 @@ def attach(
     if json_output and live:
         _err("error: --json and --live are two views; choose one")
         raise typer.Exit(2)
-    if not (results_dir / EVENTS_NAME).is_file():
+    if not os.path.lexists(results_dir / EVENTS_NAME):
         why = (
             "its batch was not started with --detach (ssh-scheduler status shows its progress)"
-            if (results_dir / ".journal.jsonl").is_file()
+            if os.path.lexists(results_dir / ".journal.jsonl")
             else "no batch ran there with --detach"
         )
-        _err(f"error: nothing to attach to in {results_dir}: {why}")
+        _err(f"error: nothing to attach to in {plain_text(results_dir)}: {why}")
         raise typer.Exit(2)
     verbosity = -1 if quiet else verbose
     view: Any = None
@@ -188,16 +187,20 @@ def attach(
     except KeyboardInterrupt:
         _err(f"detached from the view; the batch goes on (ssh-scheduler attach{_where(results_dir)} to follow it again)")
         raise typer.Exit(130) from None
+    except SchedulerError as exc:  # the event file is not what a coordinator writes
+        _err(f"error: {exc}")
+        raise typer.Exit(exc.exit_code) from None
     if end is None:
         _err(
             f"error: the coordinator (pid {header.get('pid', '?')}) ended without finishing the batch; "
             f"ssh-scheduler status shows what it left, and the same execute_batch again goes on with it"
         )
         raise typer.Exit(1)
+    code, lines = exit_record(end)
     if not json_output:
-        for line in end.get("lines", []):
-            _err(str(line))
-    raise typer.Exit(int(end.get("code", 1)))
+        for line in lines:
+            _err(line)
+    raise typer.Exit(code)
 
 
 def _where(results_dir: Path) -> str:

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ssh_scheduler.cli.common import run_async
+from ssh_scheduler.cli.common import run_async, terminal_line
 from ssh_scheduler.coordinator.fleet import (
     DEFAULT_MAX_CONNECTIONS,
     FleetOptions,
@@ -22,6 +22,8 @@ from ssh_scheduler.machines.machine import Machine
 
 
 def _write_line(stream: Any, line: str) -> None:
+    """A line of a command's output, as it came (``ssh`` and ``pdsh`` pass it so too); the lines
+    this module composes itself go through the sanitizer first."""
     buffer = getattr(stream, "buffer", None)
     if buffer is not None:  # raw bytes through, whatever the locale
         stream.flush()
@@ -94,7 +96,7 @@ def execute_to_command(
         )
         result = _run_cancellable(hosts, command, options)
     except SchedulerError as exc:
-        stderr_line(f"error: {exc}")
+        stderr_line(terminal_line(f"error: {exc}"))
         raise typer.Exit(exc.exit_code) from None
     except asyncio.CancelledError:
         stderr_line("cancelled: the remote commands were stopped")

@@ -14,10 +14,10 @@ from collections.abc import Callable, Sequence
 
 import typer
 
-from ssh_scheduler.cli.common import quiet_on_broken_pipe
+from ssh_scheduler.cli.common import quiet_on_broken_pipe, terminal_line
 from ssh_scheduler.cli.params import expand_multi_value
 
-COMMANDS = ("execute_batch", "execute_remote", "combine_folders", "execute_to", "sweep", "results")
+COMMANDS = ("execute_batch", "execute_remote", "combine_folders", "execute_to", "sweep", "results", "report")
 CONTROL_COMMANDS = ("status", "jobs", "pause", "resume", "cancel", "doctor", "attach")
 """Commands that read a batch's journal, steer its coordinator, follow it or check the hosts."""
 
@@ -48,6 +48,10 @@ def command(name: str) -> Callable[..., None]:
         from ssh_scheduler.cli.results import results
 
         return results
+    if name == "report":
+        from ssh_scheduler.cli.report import report
+
+        return report
     if name == "attach":
         from ssh_scheduler.cli.detach import attach
 
@@ -88,8 +92,11 @@ def route(name: str, args: Sequence[str]) -> tuple[str, list[str]]:
 
 
 class _LowerLevel(logging.Formatter):
+    """``warning: ...``: one line, through the one sanitizer (a log message may carry a host's
+    text); no traceback."""
+
     def format(self, record: logging.LogRecord) -> str:
-        return f"{record.levelname.lower()}: {record.getMessage()}"
+        return terminal_line(f"{record.levelname.lower()}: {record.getMessage()}")
 
 
 def show_library_logs(level: int = logging.WARNING) -> None:

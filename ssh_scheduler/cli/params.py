@@ -19,6 +19,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
+from ssh_scheduler.cli.common import err_line
 from ssh_scheduler.jobs.options import OPTIONS, Option, options_of
 
 __all__ = ["MULTI_VALUE", "command_argv", "expand_multi_value", "parameter", "takes_options"]
@@ -97,7 +98,7 @@ def takes_options(command: str) -> Callable[[F], F]:
         def run(**given: Any) -> None:
             for option in refused:
                 if given.pop(option.name, option.default) != option.default:
-                    typer.echo(f"error: {option.flag} does not go with {_what(command)}: {option.refused_by(command)}", err=True)
+                    err_line(f"error: {option.flag} does not go with {_what(command)}: {option.refused_by(command)}")
                     raise typer.Exit(2)
             func(**given)
 

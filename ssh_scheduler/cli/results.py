@@ -36,8 +36,10 @@ def results(
     except SchedulerError as exc:
         raise fail(exc) from None
     if as_csv or as_tsv:
-        out_line(format_delimited(columns, body, "," if as_csv else "\t"))
+        text = format_delimited(columns, body, "," if as_csv else "\t")
     elif as_json:
-        out_line(format_json(columns, body))
+        text = format_json(columns, body)
     else:
-        out_line(format_text(columns, body))
+        text = format_text(columns, body)
+    for line in text.split("\n"):  # each line through the sanitizing printer, as one line
+        out_line(line)

@@ -1,9 +1,15 @@
 """``ssh-scheduler status`` / ``jobs`` (read the journal) and ``pause`` / ``resume`` /
-``cancel`` (ask the running coordinator over its control socket)."""
+``cancel`` (ask the running coordinator over its control socket).
+
+The results folder and the socket are input like any other: a journal or reply that is not what
+ssh_scheduler writes is one error line (``results.journal.read_journal``,
+``coordinator.control.send_request`` check them); every line goes out through the sanitizing
+printers of ``cli.common``."""
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -11,9 +17,10 @@ from typing import Annotated, Any
 
 import typer
 
-from ssh_scheduler.coordinator.control import ControlError, send_request
+from ssh_scheduler.cli.common import err_line, out_line
+from ssh_scheduler.coordinator.control import ControlError, NoCoordinator, send_request
 from ssh_scheduler.coordinator.detach import LOG_NAME, coordinator_header
-from ssh_scheduler.errors import SchedulerError
+from ssh_scheduler.errors import SchedulerError, plain_text
 from ssh_scheduler.results.journal import JOURNAL_NAME, read_journal
 from ssh_scheduler.results.status import fold_journal, joblog_lines, status_json, status_lines
 
@@ -22,18 +29,21 @@ ResultsOpt = Annotated[Path, typer.Option("--results-dir", help="the batch's res
 
 
 def _echo(line: str) -> None:
-    typer.echo(line)
+    out_line(line)
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
+    err_line(f"error: {message}")
     return typer.Exit(code)
 
 
 def _journal(results_dir: Path) -> list[dict[str, Any]]:
-    if not (results_dir / JOURNAL_NAME).is_file():
-        raise _fail(f"{results_dir} holds no batch journal ({JOURNAL_NAME}); pass the results folder of a batch")
-    return read_journal(results_dir)
+    if not os.path.lexists(results_dir / JOURNAL_NAME):
+        raise _fail(f"{plain_text(results_dir)} holds no batch journal ({JOURNAL_NAME}); pass the results folder of a batch")
+    try:
+        return read_journal(results_dir)
+    except SchedulerError as exc:
+        raise _fail(str(exc), exc.exit_code) from None
 
 
 def status(
@@ -42,17 +52,22 @@ def status(
 ) -> None:
     """Counts, running jobs with their host and GPUs, and failures of a batch (running or not)."""
     batch = fold_journal(_journal(results_dir))
+    coordinator: dict[str, Any] | None = None
     try:
-        coordinator: dict[str, Any] | None = send_request(results_dir, {"command": "status"})
-    except ControlError:
-        coordinator = None
+        coordinator = send_request(results_dir, {"command": "status"})
+    except NoCoordinator:
+        pass
+    except ControlError as exc:  # a socket that is not our coordinator's: said, then ignored
+        err_line(f"warning: {exc}")
     if json_output:
         _echo(json.dumps(status_json(batch, results_dir, coordinator)))
         return
     for line in status_lines(batch, results_dir, coordinator, time.time()):
         _echo(line)
     header = coordinator_header(results_dir)
-    if coordinator is not None and header is not None and header.get("pid") == coordinator.get("pid"):
+    # Every run keeps an event file; only a detached one has a log (files before the flag: detached).
+    detached = header is not None and header.get("detached", True) is True
+    if coordinator is not None and detached and header is not None and header.get("pid") == coordinator.get("pid"):
         _echo(f"  detached: its log is {results_dir}/{LOG_NAME}; ssh-scheduler attach follows it")
 
 
@@ -72,7 +87,7 @@ def _ask(results_dir: Path, request: dict[str, Any]) -> dict[str, Any]:
 def pause(results_dir: ResultsOpt = Path("job_results")) -> None:
     """Start no new job in the running batch until `resume`; running jobs go on."""
     reply = _ask(results_dir, {"command": "pause"})
-    _echo(f"paused ({len(reply['running'])} jobs still running)")
+    _echo(f"paused ({len(reply.get('running', []))} jobs still running)")
 
 
 def resume(results_dir: ResultsOpt = Path("job_results")) -> None:
@@ -95,16 +110,18 @@ def cancel(
         _echo(f"cancelled: {' '.join(job_names)}")
         return
     reply = _ask(results_dir, {"command": "stop"})
-    _echo(f"stopping the batch (pid {reply['pid']}): killing {len(reply['running'])} running jobs, cleaning its hosts")
+    _echo(
+        f"stopping the batch (pid {reply.get('pid', '?')}): killing {len(reply.get('running', []))} running jobs, "
+        "cleaning its hosts"
+    )
     _echo("stopped" if wait_for_exit(reply) else "still stopping; ssh-scheduler status shows when it has")
 
 
 def wait_for_exit(reply: dict[str, Any], limit: float = 120.0) -> bool:
     """Wait until the coordinator that sent ``reply`` has ended (seen only on its own host)."""
-    import os
     import socket
 
-    if reply.get("host") != socket.gethostname():
+    if reply.get("host") != socket.gethostname() or not isinstance(reply.get("pid"), int):
         return False
     deadline = time.monotonic() + limit
     while True:

@@ -99,6 +99,7 @@ class Batch:
             self.machines, options, self.bus, self.summary, self._connecting, perform=self._perform, helper=self._helper
         )
         self.job_tasks: JobTasks | None = None  # once the planner is made
+        self._folder: int | None = None  # the results folder's verified descriptor, while held
         self._tg: asyncio.TaskGroup | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._helpers: set[asyncio.Task[None]] = set()
@@ -111,7 +112,8 @@ class Batch:
     async def run(self) -> BatchSummary:
         # One run per results folder: two would both run every job and fail each other's results.
         try:
-            with hold_results_folder(self.options.results_dir, create=not self.options.dry_run):
+            with hold_results_folder(self.options.results_dir, create=not self.options.dry_run) as folder:
+                self._folder = folder
                 return await self._run()
         finally:
             if self._early is not None:  # refused, or done before every host was needed
@@ -147,7 +149,8 @@ class Batch:
         )
         self.hosts.use(planner, self.token, self._early)
         job_tasks = self.job_tasks = JobTasks(
-            planner, self.hosts.executors, self.machines, options, token=self.token, bus=self.bus, perform=self._perform
+            planner, self.hosts.executors, self.machines, options, token=self.token, bus=self.bus, perform=self._perform,
+            folder=self._folder,
         )
         forward = await asyncio.to_thread(job_tasks.forward, options.copy_forwards)
         if options.dry_run:
@@ -163,7 +166,7 @@ class Batch:
                 )
                 return self.summary
             options.results_dir.mkdir(parents=True, exist_ok=True)
-            with Journal.open(options.results_dir) as journal:
+            with Journal.open(options.results_dir, folder=self._folder, on_failure=job_tasks.local_failure) as journal:
                 writer = JournalWriter(journal)
                 self.bus.subscribe(writer, first=True)
                 control = ControlServer(options.results_dir, batch_requests(self))
@@ -174,7 +177,7 @@ class Batch:
                     await control.close()
                     self.bus.unsubscribe(writer)
         finally:
-            await self.hosts.close_all()
+            await self.hosts.close_all(keep=job_tasks.kept)
         return self._finish(planner)
 
     def request_stop(self) -> None:

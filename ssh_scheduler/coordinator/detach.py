@@ -13,9 +13,8 @@ its stderr, and an SSH session would otherwise wait for that descriptor to close
 "Under way" is the ``BatchStarted`` event: the results folder is locked by the child, the
 journal is open, the control socket is served and the hosts are connected.  Then the child moves
 its output to ``job_results/.coordinator.log`` (rotated at :data:`LOG_MAX_BYTES`, one old file
-kept), writes the events so far to ``job_results/.events.jsonl`` and tells the parent, through a
-pipe, that it may return.  From then on every event goes to that file as the ``--json`` line
-it is (probes at most once a minute per host), followed at the end by one
+kept) and tells the parent, through a pipe, that it may return.  Its events go to the event file
+``job_results/.events.jsonl`` every run keeps (``results/event_log.py``), which ends with one
 ``coordinator_exit`` record with the exit status and the lines a foreground run ends with.
 ``ssh-scheduler attach`` follows that file (:func:`follow_events`): any number of viewers, a
 catch-up from the start, and a finished batch's replay, without ever touching the coordinator.
@@ -25,8 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
-import logging
+import functools
+import math
 import os
 import select
 import signal
@@ -35,34 +34,30 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
+import typing
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 from ssh_scheduler import events
-from ssh_scheduler.events import EVENT_VERSION, BatchStarted, Event, GpuReading, HostProbed
+from ssh_scheduler.errors import ConfigError, plain_text
+from ssh_scheduler.events import BatchStarted, Event
+from ssh_scheduler.results.event_log import EVENTS_NAME, EXIT_EVENT, HEADER_EVENT, EventLog
+from ssh_scheduler.results.untrusted import open_untrusted, parse_json
 
 __all__ = [
-    "EVENTS_NAME",
-    "EXIT_EVENT",
     "LOG_NAME",
     "CoordinatorSession",
     "coordinator_header",
     "event_from_json",
-    "events_header",
+    "exit_record",
     "follow_events",
     "start_coordinator",
 ]
 
-log = logging.getLogger(__name__)
-
 LOG_NAME = ".coordinator.log"
-EVENTS_NAME = ".events.jsonl"
-HEADER_EVENT = "coordinator"
-EXIT_EVENT = "coordinator_exit"
 LOG_MAX_BYTES = 8 << 20
-PROBE_EVERY = 60.0
-"""Seconds between two probes of one host written to the event file (the live view's table)."""
 READY = b"ready\n"
 
 
@@ -125,7 +120,8 @@ def _echo_new(early: IO[bytes], shown: int, echo: Callable[[bytes], None]) -> in
 
 class CoordinatorSession:
     """The detached coordinator's side: an event subscriber that writes the event file and, at
-    ``BatchStarted``, moves the output to the log and releases the parent."""
+    ``BatchStarted`` (once the file is made), moves the output to the log and releases the
+    parent."""
 
     def __init__(self, results_dir: Path, status_fd: int, *, log_max_bytes: int = LOG_MAX_BYTES, out_fds: tuple[int, ...] = (1, 2)) -> None:
         self.results_dir = results_dir
@@ -133,9 +129,7 @@ class CoordinatorSession:
         self.log_max_bytes = log_max_bytes
         self.out_fds = out_fds
         self.under_way = False
-        self._early: list[bytes] = []
-        self._events_fd: int | None = None
-        self._probed: dict[str, float] = {}
+        self.events = EventLog(results_dir, detached=True)
         os.set_inheritable(status_fd, False)  # jobs and agents must not hold the parent waiting
 
     @classmethod
@@ -148,40 +142,13 @@ class CoordinatorSession:
 
     # The event subscriber.
     def __call__(self, event: Event) -> None:
-        if isinstance(event, HostProbed):
-            if event.t - self._probed.get(event.host, float("-inf")) < PROBE_EVERY:
-                return
-            self._probed[event.host] = event.t
-        line = (json.dumps(event.to_json(), separators=(",", ":")) + "\n").encode()
-        if not self.under_way:
-            self._early.append(line)
-            if isinstance(event, BatchStarted):
-                self._go()
-            return
-        self._write_event(line)
-
-    def _write_event(self, line: bytes) -> None:
-        if self._events_fd is None:
-            return
-        try:
-            os.write(self._events_fd, line)
-        except OSError as exc:  # the batch goes on; only its viewers lose the stream
-            log.warning("cannot write %s (%s): attach will not see the rest of this batch", EVENTS_NAME, exc)
-            os.close(self._events_fd)
-            self._events_fd = None
+        self.events(event)
+        if not self.under_way and isinstance(event, BatchStarted):
+            self._go()
 
     def _go(self) -> None:
-        """Under way: the event file, the log, then the parent may return."""
+        """Under way (the event file is made): the log, then the parent may return."""
         self.under_way = True
-        path = self.results_dir / EVENTS_NAME
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()  # an earlier run's: attach follows this one
-        self._events_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
-        header = events_header(os.getpid())
-        self._write_event((json.dumps(header, separators=(",", ":")) + "\n").encode())
-        for line in self._early:
-            self._write_event(line)
-        self._early = []
         self._move_output(copy_early=True)
         if self.status_fd is not None:
             with contextlib.suppress(OSError):  # a parent that is gone has nothing to learn
@@ -220,12 +187,7 @@ class CoordinatorSession:
 
     def finish(self, code: int, lines: list[str]) -> None:
         """The last record: the exit status and the lines a foreground run would end with."""
-        if self.under_way:
-            record = {"version": EVENT_VERSION, "event": EXIT_EVENT, "t": round(time.time(), 3), "code": code, "lines": lines}
-            self._write_event((json.dumps(record, separators=(",", ":")) + "\n").encode())
-        if self._events_fd is not None:
-            os.close(self._events_fd)
-            self._events_fd = None
+        self.events.finish(code, lines)
 
 
 def _flush_std() -> None:
@@ -234,19 +196,42 @@ def _flush_std() -> None:
             stream.flush()
 
 
-def events_header(pid: int) -> dict[str, Any]:
-    return {"version": EVENT_VERSION, "event": HEADER_EVENT, "t": round(time.time(), 3), "pid": pid, "host": socket.gethostname()}
-
-
 # --- the viewers: follow the event file -------------------------------------------------------
+# The event file is read like any input: ``attach`` may be pointed at a folder someone else wrote.
+# A link, a FIFO or a folder at its name, a line beyond MAX_RECORD_BYTES, a first record that is
+# not the coordinator's, are one error line (ConfigError); a record whose fields do not have their
+# event's types is skipped, never half-built into an event that breaks a printer.
+
+MAX_RECORD_BYTES = 16 << 20
+"""The longest line of the event file read (a batch_started of 100,000 hosts fits)."""
+HEADER_WAIT = 10.0
+"""Seconds an empty event file may stay without its first record (written as it is created)."""
+MAX_TEXT = 1 << 20
+MAX_ITEMS = 1 << 20
+_WHAT = "the event file of a detached batch"
+
+
+def _header_problem(record: Any) -> str | None:
+    if not isinstance(record, dict) or record.get("event") != HEADER_EVENT:
+        return "does not start with the coordinator's record"
+    pid, host = record.get("pid"), record.get("host")
+    if not (isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid < 1 << 31):
+        return "names no coordinator process"
+    if not (isinstance(host, str) and 0 < len(host) <= 255):
+        return "names no host"
+    return None
 
 
 def coordinator_header(results_dir: Path) -> dict[str, Any] | None:
-    """The event file's first record (which coordinator writes it), if there is one."""
-    with contextlib.suppress(OSError, ValueError), open(results_dir / EVENTS_NAME, "rb") as stream:
-        header = json.loads(stream.readline())
-        if isinstance(header, dict) and header.get("event") == HEADER_EVENT:
-            return header
+    """The event file's first record (which coordinator writes it), if there is a sound one."""
+    with contextlib.suppress(OSError, ValueError, ConfigError):
+        stream = open_untrusted(results_dir / EVENTS_NAME, _WHAT)
+        if stream is None:
+            return None
+        with stream:
+            header = parse_json(stream.readline(MAX_RECORD_BYTES))
+        if _header_problem(header) is None:
+            return dict(header)
     return None
 
 
@@ -268,12 +253,20 @@ def _alive(header: dict[str, Any] | None) -> bool:
 def follow_events(results_dir: Path, poll: float = 0.2) -> Iterator[dict[str, Any]]:
     """Every record of the event file from its start, then the new ones as they come, until
     the ``coordinator_exit`` record (yielded) or until its coordinator is gone without one."""
+    path = results_dir / EVENTS_NAME
+    stream = open_untrusted(path, _WHAT)
+    if stream is None:
+        raise ConfigError(f"{plain_text(path)} is gone: no batch to follow there")
     header: dict[str, Any] | None = None
     pending = b""
-    with open(results_dir / EVENTS_NAME, "rb") as stream:
+    number = 0
+    waited_from = time.monotonic()
+    with stream:
         while True:
             chunk = stream.read(1 << 16)
             if not chunk:
+                if header is None and not pending and time.monotonic() - waited_from > HEADER_WAIT:
+                    raise ConfigError(f"{plain_text(path)} stays empty: no coordinator writes it (remove it)")
                 if _alive(header):
                     time.sleep(poll)
                     continue
@@ -282,18 +275,37 @@ def follow_events(results_dir: Path, poll: float = 0.2) -> Iterator[dict[str, An
                     return
             lines = (pending + chunk).split(b"\n")
             pending = lines.pop()
+            if len(pending) > MAX_RECORD_BYTES:
+                raise ConfigError(f"{plain_text(path)} has a line longer than {MAX_RECORD_BYTES} bytes: not an event file")
             for line in lines:
+                number += 1
                 try:
-                    record = json.loads(line)
+                    record = parse_json(line)
                 except ValueError:
+                    if number == 1:
+                        raise ConfigError(f"{plain_text(path)} is not an event file ssh_scheduler wrote (line 1 is not JSON)") from None
                     continue
+                if number == 1:
+                    problem = _header_problem(record)
+                    if problem is not None:
+                        raise ConfigError(f"{plain_text(path)} {problem}: not an event file ssh_scheduler wrote")
+                    header = record
                 if not isinstance(record, dict):
                     continue
-                if record.get("event") == HEADER_EVENT:
-                    header = record
                 yield record
                 if record.get("event") == EXIT_EVENT:
                     return
+
+
+def exit_record(record: dict[str, Any]) -> tuple[int, list[str]]:
+    """The exit status and closing lines of a ``coordinator_exit`` record (1 and none when they
+    are not what a coordinator writes)."""
+    code, lines = record.get("code"), record.get("lines")
+    if not (isinstance(code, int) and not isinstance(code, bool) and 0 <= code <= 255):
+        code = 1
+    if not (isinstance(lines, list) and all(isinstance(line, str) for line in lines)):
+        lines = []
+    return code, lines[:1000]
 
 
 def _event_classes() -> dict[str, type[Event]]:
@@ -307,22 +319,77 @@ def _event_classes() -> dict[str, type[Event]]:
     return found
 
 
-def _tuples(value: Any) -> Any:
-    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+class _Mistyped(Exception):
+    """A record's value is not of its field's type."""
 
 
-def event_from_json(record: dict[str, Any]) -> Event | None:
-    """The event a ``--json`` line describes (``None``: a kind this version does not know)."""
-    cls = _event_classes().get(str(record.get("event")))
-    if cls is None:
-        return None
+def _typed(value: Any, hint: Any) -> Any:
+    """``value`` (parsed JSON) as a value of type ``hint``, or :class:`_Mistyped`: text, whole
+    numbers, finite numbers, booleans, ``X | None``, tuples (from lists) and frozen dataclasses."""
+    if hint is Any:
+        return value
+    if hint is type(None):
+        if value is None:
+            return None
+        raise _Mistyped
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        for option in typing.get_args(hint):
+            with contextlib.suppress(_Mistyped):
+                return _typed(value, option)
+        raise _Mistyped
+    if origin is tuple:
+        args = typing.get_args(hint)
+        if not isinstance(value, list) or len(value) > MAX_ITEMS:
+            raise _Mistyped
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_typed(v, args[0]) for v in value)
+        if len(value) != len(args):
+            raise _Mistyped
+        return tuple(_typed(v, a) for v, a in zip(value, args, strict=True))
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+    elif hint is int:
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 1 << 63:
+            return value
+    elif hint is float:
+        if isinstance(value, float) and math.isfinite(value):
+            return value
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 1 << 63:
+            return float(value)
+    elif hint is str:
+        if isinstance(value, str) and len(value) <= MAX_TEXT:
+            return value
+    elif dataclasses.is_dataclass(hint) and isinstance(hint, type) and isinstance(value, dict):
+        return _build(hint, value)
+    raise _Mistyped
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _build(cls: type, record: dict[str, Any]) -> Any:
+    hints = _hints(cls)
     values: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         if f.name in record:
-            values[f.name] = _tuples(record[f.name])
-    if cls is HostProbed:
-        values["gpus"] = tuple(GpuReading(**g) for g in record.get("gpus", ()))
-    try:
-        return cls(**values)
-    except TypeError:
+            values[f.name] = _typed(record[f.name], hints[f.name])
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise _Mistyped
+    return cls(**values)
+
+
+def event_from_json(record: dict[str, Any]) -> Event | None:
+    """The event a ``--json`` line describes (``None``: a kind this version does not know, or a
+    record whose fields are not of the event's types)."""
+    cls = _event_classes().get(str(record.get("event")))
+    if cls is None:
         return None
+    try:
+        event: Event = _build(cls, record)
+    except (_Mistyped, TypeError, ValueError):
+        return None
+    return event

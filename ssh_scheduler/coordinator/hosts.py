@@ -13,7 +13,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 from typing import Any
 
 from ssh_scheduler.coordinator.batch_run import BatchOptions
@@ -127,7 +127,7 @@ class Hosts:
             reason = f"{executor.name}: probe failed: {exc or f'no answer in {PROBE_TIMEOUT:g} s'}"
             self._answer(name, lambda: planner.probe_failed(name, reason))
             return
-        self.bus.publish(probed(name, state))
+        self.bus.publish(probed(name, state, own))
         if self._first_answer is None:
             self._first_answer = time.monotonic()
             self._helper(self._grace(self._first_answer - self._since))
@@ -185,7 +185,7 @@ class Hosts:
             reason = f"{executor.name}: probe failed: {exc or f'no answer in {PROBE_TIMEOUT:g} s'}"
             self._perform(self.planner.probe_failed(host, reason))
             return
-        self.bus.publish(probed(host, state))
+        self.bus.publish(probed(host, state, own))
         self._perform(self.planner.probe_landed(host, state, own, generation, now=time.time()))
 
     async def revive(self, host: str) -> None:
@@ -216,15 +216,20 @@ class Hosts:
                     await executor.close()
                 continue
             self.executors[host] = executor
-            self.bus.publish(probed(host, state))
+            self.bus.publish(probed(host, state, own))
             found = {n: bool(s.get("running")) for n, s in executor.agent_jobs.items()}
             self._perform(planner.host_back(host, state, own, found, now=time.time()))
             return
         planner.revive_gave_up(host)
 
-    async def close_all(self) -> None:
-        async def one(executor: Executor) -> None:
-            if executor.lost is None and not self.options.dry_run:
+    async def close_all(self, keep: Mapping[str, Collection[str]] | None = None) -> None:
+        """Sweep what the batch left on each host, and close them; a host in ``keep`` holds
+        results that did not come home (job names): nothing is swept there."""
+
+        async def one(host: str, executor: Executor) -> None:
+            if keep and keep.get(host):
+                log.info("%s: not swept: it keeps the results of %s", host, ", ".join(sorted(keep[host])))
+            elif executor.lost is None and not self.options.dry_run:
                 with contextlib.suppress(TransportError, TimeoutError):
                     async with asyncio.timeout(30):
                         await executor.sweep(f"{self.token}-")
@@ -232,7 +237,7 @@ class Hosts:
             # now rather than linger for its lease.
             await executor.close()
 
-        await asyncio.gather(*(one(e) for e in self.executors.values()), return_exceptions=True)
+        await asyncio.gather(*(one(h, e) for h, e in self.executors.items()), return_exceptions=True)
 
 
 def host_named(host: str, exc: HostKeyError | AuthenticationError) -> BaseException:

@@ -21,6 +21,7 @@ from ssh_scheduler.coordinator.jobrun import JobRun, OutputFiles, job_environmen
 from ssh_scheduler.errors import SchedulerError, TransportError
 from ssh_scheduler.events import Ended, EventBus, Notice
 from ssh_scheduler.executors.base import Executor, RunRequest, ShellCommand
+from ssh_scheduler.executors.transfer import CopyBudget
 from ssh_scheduler.jobs.forward import ForwardSet, Hasher, collect_forward
 from ssh_scheduler.machines.machine import Machine
 from ssh_scheduler.planner.actions import Action, Commit, Discard, StartJob
@@ -46,7 +47,10 @@ class JobTasks:
         token: str,
         bus: EventBus,
         perform: Callable[[Sequence[Action]], None],
+        folder: int | None = None,
     ) -> None:
+        """``folder``: the results folder's verified descriptor, held by the batch (every job's
+        files are created relative to it; opened per use when None)."""
         self.planner = planner
         self.executors = executors  # the hosts' (hosts.py), as they are now
         self.machines = machines
@@ -54,6 +58,10 @@ class JobTasks:
         self.token = token
         self.bus = bus
         self._perform = perform
+        self.folder = folder
+        self.budget = CopyBudget(options.limits)
+        self.kept: dict[str, set[str]] = {}
+        """Per host, the jobs whose results stay there (they did not all come home)."""
         self.runs: dict[str, JobRun] = {}
         self.hasher = Hasher()
         self.forward_sets: dict[tuple[str, ...], ForwardSet] = {}
@@ -69,6 +77,8 @@ class JobTasks:
 
     async def cleanup(self, host: str, name: str) -> None:
         executor = self.executors.get(host)
+        if name in self.kept.get(host, ()):
+            return  # what did not come home stays there
         if executor is not None:
             with contextlib.suppress(TransportError):
                 await executor.remove(executor.jobdir(self.token, name), name)
@@ -98,6 +108,11 @@ class JobTasks:
             on_started=started,
         )
 
+    def local_failure(self, reason: str) -> None:
+        """A write here failed (a full disk) or the batch's copy-back budget is spent: the
+        batch's failure, never a host's (no requeue, no quarantine): nothing new starts."""
+        self._perform(self.planner.local_failure(reason))
+
     async def run(self, start: StartJob) -> None:
         """One attempt of one job, from staging to its final state."""
         planner, job, options = self.planner, start.job, self.options
@@ -109,15 +124,19 @@ class JobTasks:
             forward = await asyncio.to_thread(self.forward, key)
         request = self.request(start, executor, forward)
         output = OutputFiles(
-            options.results_dir, name, append=start.resume, mirror={1: [1], 2: [2]} if options.echo_output else {}
+            options.results_dir, name, append=start.resume, mirror={1: [1], 2: [2]} if options.echo_output else {},
+            folder=self.folder, on_failure=self.local_failure,
         )
         # The planner kills on --timeout (KillJob, then run.stop), counting from the started hook.
-        run = self.runs[name] = JobRun(executor, request, output, options.results_dir, enforce_timeout=False)
+        run = self.runs[name] = JobRun(
+            executor, request, output, options.results_dir, enforce_timeout=False, folder=self.folder, budget=self.budget
+        )
         try:
             try:
                 output.open()
             except SchedulerError as exc:
                 ended = Ended(None, message=str(exc))
+                self.local_failure(str(exc))
             else:
                 try:
 
@@ -136,20 +155,40 @@ class JobTasks:
                 return
             if not any(isinstance(a, Commit) for a in actions):
                 return
-            received = 0
-            if ended.code is not None:
-                report, problem = await run.commit()
-                if report is not None:
-                    received = report.bytes
-                    log.info("received: %s, %d bytes from %s", name, received, executor.name)
-                    for warning in report.warnings:
-                        self.bus.publish(Notice(level="warning", message=f"{name}: {warning}", job=name))
-                if problem is not None:
-                    self.bus.publish(Notice(level="error", message=f"{name}: copy back failed: {problem}", job=name))
-                    ended = replace(ended, code=ended.code or 1, message=problem)
+            ended, received = await self._commit(run, output, ended)
             self._perform(planner.job_committed(name, ended, received, time.time()))
         except asyncio.CancelledError:
             self._perform(planner.job_cancelled(name))
             with contextlib.suppress(Exception):
                 await asyncio.shield(asyncio.wait_for(executor.remove(request.jobdir, name), 10))
             raise
+
+    async def _commit(self, run: JobRun, output: OutputFiles, ended: Ended) -> tuple[Ended, int]:
+        """The job ended: both its files here, its results home.  What did not all come home
+        stays on the host, and the job fails with its own exit status and that reason."""
+        name, host = run.request.name, run.executor.name
+        if output.opened:
+            output.complete()  # every job that ended has both files; a failure is handled below
+        if output.failure is not None:
+            self._keep(host, name)
+            self.bus.publish(Notice(level="error", message=f"{name}: {output.failure}; its output and results stay on the host, at {run.kept_at}", job=name))
+            return replace(ended, message=output.failure, kept_at=run.kept_at), 0
+        if ended.code is None:
+            return ended, 0
+        committed = await run.commit()
+        report = committed.report
+        if report is not None:
+            log.info("received: %s, %d bytes from %s", name, report.bytes, host)
+            for warning in report.warnings:
+                self.bus.publish(Notice(level="warning", message=f"{name}: {warning}", job=name))
+            return ended, report.bytes
+        problem = committed.problem or "no report"
+        self._keep(host, name)
+        if committed.batch_failure:
+            self.local_failure(problem)
+        self.bus.publish(Notice(level="error", message=f"{name}: copy back failed: {problem}; its results stay on the host, at {committed.kept_at}", job=name))
+        return replace(ended, message=problem, kept_at=committed.kept_at), 0
+
+    def _keep(self, host: str, name: str) -> None:
+        """This job's folder stays on ``host``: no sweep or cleanup may remove it."""
+        self.kept.setdefault(host, set()).add(name)

@@ -5,13 +5,16 @@ copy-forwards all run a job through :class:`JobRun`, so a job behaves the same w
 started it: the same environment (``CUDA_VISIBLE_DEVICES``, ``CUDA_DEVICE_ORDER``,
 ``SSH_SCHEDULER_JOB``), output kept on the host for a reattaching coordinator, inputs staged
 in the run request itself (one round trip), a timeout that kills the whole process tree,
-results brought home atomically, and the host folder removed.  Each caller describes the job
+results brought home atomically, and the host folder removed once they are (when they do not
+all come home, nothing is removed there: they stay on the host).  Each caller describes the job
 in one :class:`~ssh_scheduler.executors.base.RunRequest`, which the pipeline hands to the
 executor whatever its backend.
 
 Cancellation kills, waits, re-raises (trio's ``run_process``): cancelling :meth:`JobRun.run`
 kills the job's process tree on its host, waits for it to be gone, removes its folder, and
 re-raises.  Expected failures are data: a lost host ends the run with ``Ended(host_lost=True)``.
+A write that fails here (a full disk) is never the host's: the output files say it as their
+``failure`` and the commit as its ``batch_failure``, and the batch decides.
 """
 
 from __future__ import annotations
@@ -25,12 +28,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
-from ssh_scheduler.errors import TransferError, TransportError
+from ssh_scheduler.errors import LocalWriteError, SchedulerError, TransferError, TransportError
 from ssh_scheduler.events import TIMED_OUT, Ended
 from ssh_scheduler.executors.base import Executor, RunRequest
-from ssh_scheduler.executors.transfer import CopyBackReport
+from ssh_scheduler.executors.transfer import BudgetSpent, CopyBackReport, CopyBudget, Destination
+from ssh_scheduler.results.local_folder import local_write_error, open_results_folder
 
-__all__ = ["JobRun", "Output", "OutputFiles", "job_environment"]
+__all__ = ["Committed", "JobRun", "Output", "OutputFiles", "job_environment"]
 
 log = logging.getLogger(__name__)
 
@@ -61,19 +65,33 @@ class Output(Protocol):
 class OutputFiles:
     """``job_results/<job>.out`` / ``.err``, plus any live sinks (execute_remote's terminal).
 
-    A file is created at the stream's first byte: most jobs of a big batch print nothing, and
-    two file creations per job were the coordinator's largest per-job cost (event loop blocked in
-    open(2) on a busy disk).  A job that printed nothing on a stream leaves no file for it; an
-    earlier attempt's file is still emptied at :meth:`open`, so what is there is this attempt's.
-    Opened without following links: a planted symlink is refused, never written through.
+    A file is created at the stream's first byte, and the one a job never wrote to at its end
+    (:meth:`complete`): most jobs of a big batch print nothing, and two file creations before
+    each job were the coordinator's largest per-job cost (event loop blocked in open(2) on a
+    busy disk), while every job that ended must have both (GNU parallel's ``--results`` and
+    Slurm make both).  An earlier attempt's file is emptied at :meth:`open`, so what is there is
+    this attempt's.  Every file is created relative to ``folder``, the results folder's verified
+    descriptor (opened here when None), and never through a link.
+
+    Writing never raises: an exception would end the host's reader and every job there would
+    look lost.  A write that fails (a full disk here) is :attr:`failure`, said once through
+    ``on_failure``; that stream's later output is dropped here, the terminal mirror still gets
+    it, and the host keeps its own copy.
     """
 
     results_dir: Path
     name: str
     append: bool = False
     mirror: dict[int, list[int]] = field(default_factory=dict)
+    folder: int | None = None
+    on_failure: Callable[[str], None] | None = None
+    failure: str | None = None
+    """The first write here that failed, as one line (None: everything was written)."""
+    opened: bool = False
+    """:meth:`open` found no link in the way."""
     _fds: dict[int, int] = field(default_factory=dict)
-    _refusals: dict[int, str] = field(default_factory=dict)
+    _have: set[int] = field(default_factory=set)  # streams whose file is there (this attempt's)
+    _dropped: set[int] = field(default_factory=set)  # streams no longer written here
 
     def open(self) -> None:
         """Check both files now (a link in the way fails the job before it runs) and empty an
@@ -86,20 +104,23 @@ class OutputFiles:
             except OSError as exc:
                 self.close()
                 raise self._refused(fd, exc) from None
+        self.opened = True
 
-    def _path(self, fd: int) -> Path:
-        return self.results_dir / f"{self.name}{'.out' if fd == 1 else '.err'}"
+    def _file(self, fd: int) -> str:
+        return f"{self.name}{'.out' if fd == 1 else '.err'}"
 
     def _open(self, fd: int, *, create: bool) -> None:
-        flags = os.O_WRONLY | os.O_NOFOLLOW | (os.O_APPEND if self.append else os.O_TRUNC)
-        self._fds[fd] = os.open(self._path(fd), flags | (os.O_CREAT if create else 0), 0o644)
+        flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_APPEND if self.append else os.O_TRUNC)
+        folder = self.folder if self.folder is not None else open_results_folder(self.results_dir, create=False)
+        try:
+            self._fds[fd] = os.open(self._file(fd), flags | (os.O_CREAT if create else 0), 0o644, dir_fd=folder)
+            self._have.add(fd)
+        finally:
+            if folder != self.folder:
+                os.close(folder)
 
-    def _refused(self, fd: int, exc: OSError) -> TransferError:
-        path = self._path(fd)
-        return TransferError(
-            f"cannot write {path}: {exc.strerror}"
-            + (" (a symbolic link is in the way: remove it)" if path.is_symlink() else "")
-        )
+    def _refused(self, fd: int, exc: OSError) -> LocalWriteError:
+        return local_write_error(exc, self.results_dir, f"writing {self._file(fd)}")
 
     @property
     def offsets(self) -> tuple[int, int]:
@@ -111,23 +132,68 @@ class OutputFiles:
         return 0  # open() found no file (the append mode creates both): nothing received yet
 
     def write(self, fd: int, data: bytes) -> None:
-        if fd not in self._fds and fd not in self._refusals:
+        if fd not in self._have and fd not in self._dropped:
             try:
                 self._open(fd, create=True)
-            except OSError as exc:
-                # Raising here would end the host's reader (every job on it "lost"): this
-                # stream's file is dropped, said once; the terminal mirror still gets it all.
-                self._refusals[fd] = str(self._refused(fd, exc))
-                log.warning("%s: %s; this output is not kept", self.name, self._refusals[fd])
+            except (OSError, SchedulerError) as exc:
+                self._fail(fd, exc)
         if fd in self._fds:
-            os.write(self._fds[fd], data)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(self._fds[fd], view) :]
+            except OSError as exc:
+                self._fail(fd, exc)
         for target in self.mirror.get(fd, ()):
-            os.write(target, data)
+            try:
+                os.write(target, data)
+            except OSError as exc:  # a closed terminal or pipe: the files still get everything
+                log.info("%s: output to fd %d stopped: %s", self.name, target, exc.strerror or exc)
+                self.mirror[fd] = [t for t in self.mirror[fd] if t != target]
+
+    def _fail(self, fd: int, exc: OSError | SchedulerError) -> None:
+        """This stream is no longer written here (said once per stream; the first is the
+        :attr:`failure`)."""
+        line = str(self._refused(fd, exc) if isinstance(exc, OSError) else exc)
+        self._dropped.add(fd)
+        if fd in self._fds:
+            with contextlib.suppress(OSError):
+                os.close(self._fds.pop(fd))
+        log.info("%s: %s; the rest of this output stays on the host", self.name, line)
+        if self.failure is None:
+            self.failure = line
+            if self.on_failure is not None:
+                self.on_failure(line)
+
+    def complete(self) -> str | None:
+        """The job ended: create (empty) whichever file it never wrote, so every job that ended
+        has both.  Returns why that failed (also :attr:`failure`), or None."""
+        for fd in (1, 2):
+            if fd not in self._have and fd not in self._dropped:
+                try:
+                    self._open(fd, create=True)
+                except (OSError, SchedulerError) as exc:
+                    self._fail(fd, exc)
+                else:
+                    os.close(self._fds.pop(fd))
+        return self.failure
 
     def close(self) -> None:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """What :meth:`JobRun.commit` did: the copy-back's ``report``, or why the results did not
+    come home (``problem``); then they stay on the host at ``kept_at``, and ``batch_failure``
+    says the cause is here (a full disk, the batch's copy-back budget spent), not the host."""
+
+    report: CopyBackReport | None
+    problem: str | None = None
+    kept_at: str = ""
+    batch_failure: bool = False
 
 
 class JobRun:
@@ -136,16 +202,28 @@ class JobRun:
     where :meth:`commit` brings its results (``<results_dir>/<job>``).
 
     ``request.timeout`` is enforced here, counted from the request's started hook, unless
-    ``enforce_timeout`` is False (the batch: its planner counts it and calls :meth:`stop`)."""
+    ``enforce_timeout`` is False (the batch: its planner counts it and calls :meth:`stop`).
+    ``folder``: ``results_dir``'s verified descriptor (opened for the commit when None);
+    ``budget``: the batch's copy-back budget, shared by its jobs."""
 
     def __init__(
-        self, executor: Executor, request: RunRequest, output: Output, results_dir: Path, *, enforce_timeout: bool = True
+        self,
+        executor: Executor,
+        request: RunRequest,
+        output: Output,
+        results_dir: Path,
+        *,
+        enforce_timeout: bool = True,
+        folder: int | None = None,
+        budget: CopyBudget | None = None,
     ) -> None:
         self.executor = executor
         self.request = request
         self.output = output
         self.results_dir = results_dir
         self.enforce_timeout = enforce_timeout
+        self.folder = folder
+        self.budget = budget
         self._stop_reason: str | None = None
         self._entries: object = None
 
@@ -207,21 +285,37 @@ class JobRun:
         with contextlib.suppress(TransportError):
             await self.executor.kill(self.request.name)
 
-    async def commit(self) -> tuple[CopyBackReport | None, str | None]:
+    @property
+    def kept_at(self) -> str:
+        """Where the attempt's results and output stay on its host (``host:/folder``) when they
+        do not come home: its folder, with the output beside it (``.out``, ``.err``)."""
+        return f"{self.executor.name}:{self.request.jobdir}"
+
+    async def commit(self) -> Committed:
         """Bring the results home into ``<results_dir>/<job>/`` (atomically) and remove the
-        job's folder on the host.  Returns the report, or the reason it failed (then nothing is
-        left here and the results stay on the host)."""
+        job's folder on the host.  When that fails nothing is left here, nothing is removed
+        there: the results stay on the host (:attr:`kept_at`)."""
         request = self.request
+        folder = self.folder
         try:
+            if folder is None:
+                folder = open_results_folder(self.results_dir, create=False)
+            dest = Destination(folder, request.name, self.results_dir, self.budget)
             report = await self.executor.fetch(
-                request.name, request.jobdir, self.results_dir / request.name, request.copy_backwards, request.limits,
-                self._entries,
+                request.name, request.jobdir, dest, request.copy_backwards, request.limits, self._entries
             )
+        except (LocalWriteError, BudgetSpent) as exc:
+            return Committed(None, str(exc), self.kept_at, batch_failure=True)
         except (TransferError, TransportError) as exc:
-            return None, str(exc)
+            return Committed(None, str(exc), self.kept_at)
+        except SchedulerError as exc:  # the results folder is no longer a folder of ours
+            return Committed(None, str(exc), self.kept_at, batch_failure=True)
+        finally:
+            if folder is not None and folder != self.folder:
+                os.close(folder)
         with contextlib.suppress(TransportError):
             await self.executor.remove(request.jobdir, request.name, wait=False)
-        return report, None
+        return Committed(report)
 
     async def discard(self) -> None:
         """Remove the attempt's folder on the host, bringing nothing home (a retry)."""

@@ -96,9 +96,12 @@ async def execute_remote(
             output.close()
         if ended.host_lost:
             raise TransportError(f"{machine.name}: connection lost while the job ran: {ended.message}")
-        report, problem = await run.commit()
-        if problem is not None:
-            raise TransferError(f"copy back failed: {problem}")
+        if output.complete() is not None:  # its output is not all here: nothing is removed there
+            raise TransferError(f"{output.failure}; its output and results stay on the host, at {run.kept_at}")
+        committed = await run.commit()
+        if committed.problem is not None:
+            raise TransferError(f"copy back failed: {committed.problem}; the results stay on the host, at {committed.kept_at}")
+        report = committed.report
         assert report is not None
         for warning in report.warnings:
             if warn is not None:

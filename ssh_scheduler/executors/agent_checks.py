@@ -1,5 +1,6 @@
 """What a coordinator checks of an agent that answers, or does not: why it ended before its first
-answer (and the fix), and whether the work root it reports is the one configured.  Pure."""
+answer (and the fix), and whether the work root it reports is the one configured (and where it
+really is).  Pure."""
 
 from __future__ import annotations
 
@@ -39,3 +40,17 @@ def root_matches(root: str, workdir: str) -> bool:
     if workdir.startswith("/"):
         return root == posixpath.normpath(workdir)
     return root.endswith("/" + posixpath.normpath(workdir))
+
+
+def work_root(root: str, real: str | None, workdir: str) -> str | None:
+    """The folder every path we name on a host starts with, from the agent's hello: ``root``,
+    the workdir as the host expanded it (:func:`root_matches`), and ``real``, where it really is
+    (the agent resolved the links above it, each ours or root's); None when either is wrong.
+    The root itself is never a link, so ``real`` ends with the same name."""
+    if not root_matches(root, workdir):
+        return None
+    if real is None:  # an agent that does not say
+        return root
+    if not real.startswith("/") or "\x00" in real or posixpath.normpath(real) != real:
+        return None
+    return real if posixpath.basename(real) == posixpath.basename(root) else None

@@ -13,7 +13,7 @@ from typing import Any
 
 from ssh_scheduler.errors import ConfigError, ProbeError, TransportError
 from ssh_scheduler.executors.base import OutputSink, RunRequest, shell_line
-from ssh_scheduler.executors.python_call import work_inputs
+from ssh_scheduler.executors.python_call import call_files, work_inputs
 from ssh_scheduler.executors.session import DEFAULT_LEASE, HostSession, JobExit
 from ssh_scheduler.executors.stage_plan import StagePlan
 from ssh_scheduler.executors.transfer import (
@@ -31,6 +31,9 @@ from ssh_scheduler.transport.base import Transport, describe
 from ssh_scheduler.transport.ssh import connect
 
 __all__ = ["AgentExecutor", "open_executor", "probe_only"]
+
+RESTAGE_TRIES = 3
+"""Runs of one job whose inputs were sent again because they were gone from the host's cache."""
 
 
 class AgentExecutor:
@@ -86,6 +89,18 @@ class AgentExecutor:
         except TransportError as exc:  # as for the job's other inputs (JobRun's staging)
             return JobExit(None, host_lost=True, message=str(exc))
         request.on_started("")
+        inputs = (*request.forward.files, *call_files(request))
+        for _ in range(RESTAGE_TRIES):
+            ended = await self._run(request, staged, on_output)
+            if not ended.missing:
+                return ended
+            # An input went from the host's cache (a job wrote through its link to it and the
+            # agent removed the spoiled entry): sent again, and the job staged afresh.
+            await self.cache.resend([f for f in inputs if f.key in ended.missing])
+        return JobExit(None, message=f"{self.name}: its inputs kept disappearing from the host's cache "
+                       f"({ended.message}); is a job rewriting them?")
+
+    async def _run(self, request: RunRequest, staged: StagePlan | None, on_output: OutputSink) -> JobExit:
         jobdir = request.jobdir
         return await self.session.run(
             request.name,

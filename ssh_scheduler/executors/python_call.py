@@ -34,7 +34,7 @@ from ssh_scheduler.jobs.python_call import (
 )
 from ssh_scheduler.transport.bootstrap import AGENT_FOLDER
 
-__all__ = ["runner_files", "work_inputs"]
+__all__ = ["call_files", "runner_files", "work_inputs"]
 
 
 def _local_file(rel: str, path: Path) -> LocalFile:
@@ -61,6 +61,18 @@ def _ours(rel: str) -> bool:
     return rel == CALL_FOLDER or rel.startswith(CALL_FOLDER + "/")
 
 
+def call_files(request: RunRequest) -> tuple[LocalFile, ...]:
+    """The inputs the job's work brings besides its copy forward: none for a shell command; for
+    a Python call, the runner, cloudpickle and the call's pickle."""
+    work = request.work
+    match work:
+        case ShellCommand():
+            return ()
+        case PythonCall():
+            return (*runner_files(), LocalFile(PAYLOAD, work.path, work.key, work.size))
+    assert_never(work)
+
+
 async def work_inputs(cache: HostCache, request: RunRequest) -> StagePlan | None:
     """What the job's folder gets before its work runs (with the run request, or staged on a
     Slurm cluster's shared filesystem): its copy forward (``request.staged``) and, for a Python
@@ -70,7 +82,7 @@ async def work_inputs(cache: HostCache, request: RunRequest) -> StagePlan | None
         case ShellCommand():
             return request.staged
         case PythonCall():
-            files = (*runner_files(), LocalFile(PAYLOAD, work.path, work.key, work.size))
+            files = call_files(request)
             await cache.ensure(files)
             staged = request.staged or StagePlan([], [])
             return StagePlan(

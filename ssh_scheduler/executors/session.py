@@ -3,6 +3,9 @@
 It turns the agent's messages (protocol.py) into awaitable calls (``probe``, ``stage``, ``run``...)
 and job events into callbacks.  When the link dies, every pending call and running job resolves with a
 ``HostLost`` result instead of hanging: a lost host is data the scheduler acts on.
+
+What a host (untrusted, one of hundreds) can make us hold is bounded: one line at a time, of at
+most ``P.MAX_LINE`` bytes (``P.MAX_OUTPUT_LINE`` for an ``out`` event); past it, it is lost.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import asyncio
 import base64
 import contextlib
 import itertools
+import logging
 import posixpath
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,12 +24,14 @@ from ssh_scheduler.agent import protocol as P
 from ssh_scheduler.agent import wire as W
 from ssh_scheduler.agent.boot import REFUSED as AGENT_REFUSED  # how a refusal line begins
 from ssh_scheduler.errors import AgentStartError, ConnectionLostError, TransportError
-from ssh_scheduler.executors.agent_checks import agent_start_cause, root_matches
+from ssh_scheduler.executors.agent_checks import agent_start_cause, work_root
 from ssh_scheduler.executors.stage_plan import StagePlan
 from ssh_scheduler.transport.base import AgentProcess, Transport, describe, printable
 
 DEFAULT_LEASE = 60.0
 R = TypeVar("R", bound=W.Reply)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +43,7 @@ class JobExit:
     host_lost: bool = False
     message: str | None = None
     entries: object = None  # the results listing, when the run asked for one (P.decode_listing)
+    missing: tuple[str, ...] = ()  # it never ran: these inputs were gone from the host's cache
 
 
 @dataclass(slots=True)
@@ -84,6 +91,7 @@ class HostSession:
         self.lost: str | None = None
         self._refusal = ""  # why the agent refused to start, in its own words
         self._agent_ended = False  # its output ended (not: the link broke, it spoke nonsense)
+        self._said: set[str] = set()  # the agent's notices, each said once
 
     @property
     def name(self) -> str:
@@ -120,16 +128,18 @@ class HostSession:
                 cause = agent_start_cause(status, stderr, self._refusal, self.machine.workdir)
                 raise AgentStartError(f"{self.name}: {cause}") from None
             raise
-        if not root_matches(hello.root, self.machine.workdir):
+        # Every path we name there (job folders, SFTP uploads and downloads) starts with where
+        # the root really is: a path whose every folder only its owner (us, root) can change.
+        self.root = work_root(hello.root, hello.real, self.machine.workdir) or ""
+        if not self.root:
             await self.close(orderly=False)
             raise ConnectionLostError(
                 f"{describe(self.machine)}: the agent reports the work root "
-                f"{printable(hello.root)}, not the configured workdir "
+                f"{printable(hello.real or hello.root)}, not the configured workdir "
                 f"{printable(self.machine.workdir)}; nothing was sent there"
             )
         if not hello.probing:  # an older agent: the first probe() sends its own request
             self._drop_folded_probe()
-        self.root = hello.root
         self.agent_jobs = {name: {"running": s.running, "code": s.code} for name, s in hello.jobs.items()}
         self._tasks.append(asyncio.create_task(self._renew_lease()))
         return self
@@ -247,7 +257,12 @@ class HostSession:
                         self._refusal = said.removeprefix(AGENT_REFUSED)
                     continue
                 try:
-                    self._dispatch(W.decode_answer(line))
+                    message = W.decode_answer(line)
+                    if isinstance(message, P.Output) and len(line) > P.MAX_OUTPUT_LINE:
+                        reason = (f"the agent sent an output event longer than {P.MAX_OUTPUT_LINE >> 20} MiB, "
+                                  f"the protocol's limit; the host is not speaking our protocol")
+                        break
+                    self._dispatch(message)
                 except W.ProtocolError as exc:
                     call = self._calls.get(exc.id) if exc.id is not None else None
                     if call is None or call.done():  # about a job, or about nothing: host lost
@@ -257,12 +272,17 @@ class HostSession:
         except asyncio.CancelledError:
             reason = "session closed"
             raise
+        except ConnectionLostError as exc:  # the reader's own: a line past the limit
+            reason = str(exc)
         except Exception as exc:  # the link broke: every waiter learns it now
             reason = f"connection lost ({type(exc).__name__}: {exc})"
         finally:
             self._mark_lost(reason)
 
     def _dispatch(self, message: W.Message) -> None:
+        if isinstance(message, P.Notice):
+            self._notice(message)
+            return
         if isinstance(message, W.Event):
             running = self._jobs.get(message.job)
             if running is not None:
@@ -314,7 +334,11 @@ class HostSession:
             return
         if event.message == P.OUTPUT_LIMIT and running.room is not None and running.room >= 0:
             HostSession._over_limit(running)  # the agent stopped it at the limit
-        if event.code is None:  # staging failed, or the agent does not know the job
+        if event.missing:  # inputs gone from its cache: the executor sends them, tries again
+            ended = JobExit(None, message=printable(event.message), missing=tuple(event.missing))
+        elif event.lost is not None:  # its output is incomplete: whatever its status, not good
+            ended = JobExit(None, message=printable(event.lost, 500))
+        elif event.code is None:  # staging failed, or the agent does not know the job
             ended = JobExit(None, host_lost=True, message=printable(event.message))
         else:
             ended = JobExit(event.code, message=printable(event.message), entries=event.entries)
@@ -324,7 +348,15 @@ class HostSession:
         P.Output: _on_output,
         P.Started: _on_started,
         P.Exit: _on_exit,
+        P.Notice: lambda running, event: None,  # said by _notice, once per host rather than per job
     }
+
+    def _notice(self, notice: P.Notice) -> None:
+        """Said once per host and cause (its copy of jobs' output failed), however many jobs."""
+        said = printable(notice.message, 500)
+        if said not in self._said:
+            self._said.add(said)
+            log.warning("%s: %s", self.name, said)
 
     def _mark_lost(self, reason: str) -> None:
         if self.lost is None:

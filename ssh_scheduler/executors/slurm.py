@@ -310,7 +310,7 @@ class SlurmExecutor(AgentExecutor):
         outputs = {t.name: (t.jobdir, t.offsets[0], t.offsets[1]) for t in jobs}
         reply = await self._query([t.slurm_id for t in jobs if t.ended is None], outputs)
         for t in jobs:
-            full = False
+            full = t.name in reply.more  # its output is not all home yet
             for fd, data in reply.data.get(t.name, {}).items():
                 t.offsets[fd - 1] += len(data)
                 full = full or len(data) >= S.READ_CHUNK

@@ -216,6 +216,8 @@ class PollReply:
     detail: dict[str, str] = field(default_factory=dict)
     data: dict[str, dict[int, bytes]] = field(default_factory=dict)
     """job -> fd (1, 2) -> the new bytes of its output."""
+    more: frozenset[str] = frozenset()
+    """Jobs whose new output did not fit the reply: it comes with the next."""
 
 
 def parse_squeue(text: str) -> dict[str, QueueEntry]:
@@ -237,6 +239,7 @@ def poll_reply(answer: P.SlurmReply) -> PollReply:
     if reply.squeue_ok:
         reply.queue = parse_squeue(reply.squeue_text)
     reply.detail = dict(answer.detail)
+    reply.more = frozenset(answer.more)
     for chunk in answer.data:
         if chunk.fd not in (1, 2):
             raise ValueError(f"output of job {chunk.job!r} on fd {chunk.fd}")

@@ -6,10 +6,14 @@ jobs use it, and not at all when an earlier batch already sent the same bytes.  
 private directory whose inputs are hard links into that cache.
 
 Back: the host is untrusted.  The agent lists what to fetch, but every name is validated here,
-every local file is created relative to directory file descriptors with ``O_NOFOLLOW``/``O_EXCL``,
-remote symlinks are only recreated when they stay inside the job folder, special files are
-skipped, and size and count limits stop a flood.  Results land in a staging folder that is renamed
-into ``job_results/<job>`` only when complete, so a crash never leaves a partial result visible.
+every local file is created relative to directory file descriptors with ``O_NOFOLLOW``/``O_EXCL``
+(from the results folder's verified descriptor down), remote symlinks are only recreated when
+they stay inside the job folder, special files are skipped, and limits stop a flood: per job
+(bytes, files, folders deep) and per batch (:class:`CopyBudget`).  Results land in a staging
+folder that is renamed into ``job_results/<job>`` only when complete, so a crash never leaves a
+partial result visible.  A write that fails here (a full disk) fails the whole copy-back as this
+machine's fault (``LocalWriteError``), never as a skipped file: nothing half-copied stays here,
+and the caller leaves the results on the host.
 
 Small files travel many to a message through the agent (bulk.py) rather than by an SFTP round trip
 sequence each; that changes how the bytes come, not one of the checks above.
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import secrets
 import shutil
@@ -40,6 +45,7 @@ from ssh_scheduler.jobs.forward import ForwardSet as ForwardSet
 from ssh_scheduler.jobs.forward import Hasher as Hasher
 from ssh_scheduler.jobs.forward import LocalFile as LocalFile
 from ssh_scheduler.jobs.forward import collect_forward as collect_forward
+from ssh_scheduler.results.local_folder import local_write_error
 from ssh_scheduler.transport.base import RemoteFileError, SizeLimitExceeded, printable
 
 UPLOAD_CONCURRENCY = 4
@@ -79,6 +85,14 @@ class HostCache:
                 if not self._ready[f.key].done():
                     self._ready[f.key].set_result(None)
         await asyncio.gather(*waiting)
+
+    async def resend(self, files: Sequence[LocalFile]) -> None:
+        """Send these again: the host said they are gone from its cache (spoiled and removed)."""
+        for f in files:
+            ready = self._ready.get(f.key)
+            if ready is not None and ready.done():
+                del self._ready[f.key]
+        await self.ensure(files)
 
     async def _send(self, files: list[LocalFile]) -> None:
         """Small files many to a message through the agent (bulk.py), the rest by SFTP."""
@@ -122,6 +136,37 @@ class CopyLimits:
     max_bytes: int = 10 * 1024**3
     max_files: int = 100_000
     max_output_bytes: int | None = None  # a job's streamed stdout + stderr (None: no limit)
+    max_depth: int = 64  # folders in a result's path: each costs a directory open here
+    batch_files: int = 10_000_000  # listed by every copy-back of a batch together
+    batch_bytes: int = 10 * 1024**4  # brought home by every copy-back of a batch together
+
+
+class CopyBudget:
+    """What every copy-back of one batch together may still cost here: entries listed (each
+    is checked, and created, here) and bytes written.  Shared by the batch's jobs; hosts, not
+    the user, decide what they send, so a fleet of hostile ones cannot make the coordinator
+    list and write without end."""
+
+    def __init__(self, limits: CopyLimits) -> None:
+        self.limits = limits
+        self.files_left = limits.batch_files
+        self.bytes_left = limits.batch_bytes
+
+
+class BudgetSpent(TransferError):
+    """The batch's copy-back budget (:class:`CopyBudget`) is spent: nothing more comes home."""
+
+
+@dataclass(frozen=True, slots=True)
+class Destination:
+    """Where one job's results go here: ``name`` inside the results folder, which is open as
+    ``folder`` (a verified descriptor: nothing below it is reached through a link) and named
+    ``shown`` in messages; ``budget``, the batch's copy-back budget (None: no batch limit)."""
+
+    folder: int
+    name: str
+    shown: Path
+    budget: CopyBudget | None = None
 
 
 @dataclass(slots=True)
@@ -183,65 +228,77 @@ def shown(name: object, limit: int = 200) -> str:
     return printable(name if isinstance(name, str) else repr(name), limit)
 
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW  # a link is never followed (ELOOP)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC  # a link is never followed (ELOOP)
+
+# What a host's names can make creating an entry fail with: a link or file where a folder goes
+# (ELOOP, ENOTDIR), a name twice (EEXIST, EISDIR), a name this file system cannot hold.  Such an
+# entry is skipped with a warning; any other failure (ENOSPC, EDQUOT, EIO, EACCES...) is here,
+# the batch's (LocalWriteError).
+_HOST_CAUSED = frozenset(
+    {errno.ELOOP, errno.ENOTDIR, errno.EEXIST, errno.EISDIR, errno.ENAMETOOLONG, errno.EINVAL, errno.EILSEQ, errno.EMLINK}
+)
+# What writing into a file we opened fails with when the fault is here, not in what was sent.
+_WRITE_FAILED = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS, errno.EBADF})
 
 
 class _SafeTree:
-    """Creates entries under one root directory without ever following a symlink."""
+    """Creates entries under one root directory without ever following a symlink.
+
+    The descriptors of the last directory's path are kept, and a next entry opens only what
+    differs from it: a listing in tree order opens each directory about once, not once per
+    entry and level."""
 
     def __init__(self, root_fd: int) -> None:
         self.root_fd = root_fd
+        self._names: list[str] = []
+        self._fds: list[int] = []
 
-    def _open_dir(self, parts: Sequence[str], create: bool) -> int:
-        fd = os.dup(self.root_fd)
-        try:
-            for part in parts:
-                # Open first, make only when missing: most files land in folders made already, and
-                # a mkdir that fails with EEXIST still locks the parent folder.
-                try:
-                    nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
-                except FileNotFoundError:
-                    if not create:
-                        raise
-                    with contextlib.suppress(FileExistsError):
-                        os.mkdir(part, 0o755, dir_fd=fd)
-                    nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
-                os.close(fd)
-                fd = nxt
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
+    def _enter(self, parts: Sequence[str]) -> int:
+        common = 0
+        limit = min(len(parts), len(self._names))
+        while common < limit and self._names[common] == parts[common]:
+            common += 1
+        while len(self._fds) > common:
+            os.close(self._fds.pop())
+            self._names.pop()
+        for part in parts[common:]:
+            fd = self._fds[-1] if self._fds else self.root_fd
+            # Open first, make only when missing: most files land in folders made already, and
+            # a mkdir that fails with EEXIST still locks the parent folder.
+            try:
+                nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            self._fds.append(nxt)
+            self._names.append(part)
+        return self._fds[-1] if self._fds else self.root_fd
 
     def mkdir(self, rel: str) -> None:
-        os.close(self._open_dir(rel.split("/"), create=True))
+        self._enter(rel.split("/"))
 
     def create_file(self, rel: str, mode: int) -> tuple[int, int]:
-        """Returns (file fd, parent dir fd)."""
+        """Returns (file fd, parent dir fd); the parent stays the tree's to close."""
         *parents, name = rel.split("/")
-        dfd = self._open_dir(parents, create=True)
-        try:
-            fd = os.open(
-                name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode & 0o777, dir_fd=dfd
-            )
-        except BaseException:
-            os.close(dfd)
-            raise
+        dfd = self._enter(parents)
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode & 0o777, dir_fd=dfd)
         return fd, dfd
 
     def symlink(self, rel: str, target: str) -> None:
         *parents, name = rel.split("/")
-        dfd = self._open_dir(parents, create=True)
-        try:
-            os.symlink(target, name, dir_fd=dfd)
-        finally:
-            os.close(dfd)
+        os.symlink(target, name, dir_fd=self._enter(parents))
+
+    def close(self) -> None:
+        while self._fds:
+            os.close(self._fds.pop())
+        self._names.clear()
 
 
 async def fetch_back(
     host: HostSession,
     jobdir: str,
-    dest: Path,
+    dest: Destination,
     *,
     paths: Sequence[str] | None,
     limits: CopyLimits,
@@ -251,57 +308,87 @@ async def fetch_back(
 
     ``entries``: the listing the agent already sent with the job's exit; without it, ask.
 
-    On any failure (a limit exceeded, the connection lost) nothing is left here and the results
-    stay on the host; names, links and special files the host should not send are skipped with
-    a warning in the report.
+    On any failure (a limit exceeded, the connection lost, a full disk here: then
+    :class:`~ssh_scheduler.errors.LocalWriteError`) nothing is left here and the results stay on
+    the host; names, links and special files the host should not send are skipped with a
+    warning in the report.
     """
-    if dest.exists() or dest.is_symlink():
-        raise TransferError(f"{dest} already exists; results are never overwritten")
+    try:
+        os.lstat(dest.name, dir_fd=dest.folder)
+    except FileNotFoundError:
+        pass
+    else:
+        raise TransferError(f"{dest.shown / dest.name} already exists; results are never overwritten")
     if not host.inside_root(jobdir):
         raise TransferError(f"{host.name}: refusing to fetch from {shown(jobdir)}, outside the work root")
     if entries is None:
         entries = await host.manifest(jobdir, list(paths) if paths else None)
     if isinstance(entries, list) and len(entries) > limits.max_files:
         raise TransferError(
-            f"{host.name}:{jobdir} holds {len(entries)} entries, over the copy-back limit of "
-            f"{limits.max_files} files (raise --max-result-files); the results stay on the host"
+            f"{host.name}: the job folder holds {len(entries)} entries, over the copy-back limit of "
+            f"{limits.max_files} files (raise --max-result-files)"
+        )
+    budget = dest.budget
+    if budget is not None and isinstance(entries, list) and len(entries) > budget.files_left:
+        raise BudgetSpent(
+            f"{host.name}: the job folder holds {len(entries)} entries, more than the {budget.files_left} the "
+            f"batch may still copy back of its {budget.limits.batch_files} (raise --max-batch-result-files)"
         )
     try:
         listing, malformed = decode_listing(entries)
     except ProtocolError:
+        raise TransferError(f"{host.name}: the host sent a malformed list of results; nothing was copied back") from None
+    deepest = max((entry.path.count("/") + 1 for entry in listing if isinstance(entry.path, str)), default=0)
+    if deepest > limits.max_depth:
         raise TransferError(
-            f"{host.name}:{jobdir}: the host sent a malformed list of results; nothing was "
-            f"copied back and the results stay on the host"
-        ) from None
+            f"{host.name}: a result is {deepest} folders deep, over the copy-back limit of "
+            f"{limits.max_depth} (raise --max-result-depth)"
+        )
+    if budget is not None:
+        budget.files_left -= len(listing)
     report = CopyBackReport()
     if malformed:
         _warn(report, f"{host.name}: malformed manifest entry skipped" + (f" ({malformed} in all)" if malformed > 1 else ""))
+    staging = dest.name if not listing else f".partial-{dest.name}-{secrets.token_hex(4)}"
+    try:
+        # Nothing to copy: the empty folder is the result, appearing whole at once.
+        os.mkdir(staging, 0o755, dir_fd=dest.folder)
+    except OSError as exc:
+        raise local_write_error(exc, dest.shown, f"copying back {dest.name}") from None
     if not listing:
-        os.mkdir(dest, 0o755)  # nothing to copy: an empty folder appears whole at once
         return report
-    staging = dest.parent / f".partial-{dest.name}-{secrets.token_hex(4)}"
-    os.mkdir(staging, 0o755)
-    root_fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     # Small files are asked of the agent many to a message, ahead of being written here in the
     # listing's order, each by the same checks below; only names that pass them are asked for.
     small = [
         (entry.path, entry.size) for entry in listing
         if entry.kind == "file" and 0 <= entry.size <= bulk.SMALL_FILE and safe_relpath(entry.path) is not None
     ]  # fmt: skip
-    prefetch = bulk.Prefetch(host, jobdir, small, limits.max_bytes)
+    byte_limit = limits.max_bytes if budget is None else min(limits.max_bytes, budget.bytes_left)
+    prefetch = bulk.Prefetch(host, jobdir, small, byte_limit)
+    tree: _SafeTree | None = None
     try:
-        tree = _SafeTree(root_fd)
+        tree = _SafeTree(os.open(staging, _DIR_FLAGS, dir_fd=dest.folder))
+        fetch = _Fetch(host, jobdir, dest, tree, report, limits, prefetch)
         for entry in listing:
-            await _fetch_entry(host, jobdir, tree, entry, report, limits, prefetch)
+            await fetch.entry(entry)
         await prefetch.close()
-        os.close(root_fd)
-        root_fd = -1
-        os.rename(staging, dest)
-    except BaseException:
+        tree.close()
+        os.close(tree.root_fd)
+        tree = None
+        try:
+            os.lstat(dest.name, dir_fd=dest.folder)
+        except FileNotFoundError:
+            os.rename(staging, dest.name, src_dir_fd=dest.folder, dst_dir_fd=dest.folder)
+        else:
+            raise TransferError(f"{dest.shown / dest.name} appeared meanwhile; results are never overwritten")
+    except BaseException as exc:
         await prefetch.close()
-        if root_fd >= 0:
-            os.close(root_fd)
-        shutil.rmtree(staging, ignore_errors=True)
+        if tree is not None:
+            tree.close()
+            os.close(tree.root_fd)
+        shutil.rmtree(staging, ignore_errors=True, dir_fd=dest.folder)
+        if isinstance(exc, OSError):  # the staging folder's own open or rename: here
+            raise local_write_error(exc, dest.shown, f"copying back {dest.name}") from None
         raise
     if report.suppressed:
         report.warnings.append(f"{host.name}: ... and {report.suppressed} more warnings")
@@ -315,63 +402,92 @@ def _warn(report: CopyBackReport, message: str) -> None:
         report.suppressed += 1
 
 
-async def _fetch_entry(
-    host: HostSession,
-    jobdir: str,
-    tree: _SafeTree,
-    entry: ManifestEntry,
-    report: CopyBackReport,
-    limits: CopyLimits,
-    prefetch: bulk.Prefetch,
-) -> None:
-    kind, link = entry.kind, entry.link
-    rel = safe_relpath(entry.path)
-    if rel is None:
-        _warn(report, f"{host.name}: unsafe name '{shown(entry.path)}' refused")
-        return
-    try:
-        if kind == "dir":
-            tree.mkdir(rel)
-        elif kind == "link":
-            if link is not None and link_stays_inside(rel, link):
-                tree.symlink(rel, link)
+@dataclass(slots=True)
+class _Fetch:
+    """One copy-back's entries, written into its staging tree one by one."""
+
+    host: HostSession
+    jobdir: str
+    dest: Destination
+    tree: _SafeTree
+    report: CopyBackReport
+    limits: CopyLimits
+    prefetch: bulk.Prefetch
+
+    def _here(self, exc: OSError, rel: str) -> TransferError:
+        return local_write_error(exc, self.dest.shown, f"copying back {self.dest.name}/{shown(rel)}")
+
+    async def entry(self, entry: ManifestEntry) -> None:
+        host, report = self.host, self.report
+        kind, link = entry.kind, entry.link
+        rel = safe_relpath(entry.path)
+        if rel is None:
+            _warn(report, f"{host.name}: unsafe name '{shown(entry.path)}' refused")
+            return
+        try:
+            if kind == "dir":
+                self.tree.mkdir(rel)
+            elif kind == "link":
+                if link is not None and link_stays_inside(rel, link):
+                    self.tree.symlink(rel, link)
+                else:
+                    _warn(report, f"{shown(rel)}: symlink to '{shown(link)}' leaves the job folder; skipped")
+            elif kind == "file":
+                await self._file(rel, entry.mode)
             else:
-                _warn(report, f"{shown(rel)}: symlink to '{shown(link)}' leaves the job folder; skipped")
-        elif kind == "file":
-            fd, dfd = tree.create_file(rel, entry.mode)
-            done = False
+                _warn(report, f"{shown(rel)}: special file skipped")
+        except (OSError, ValueError) as exc:
+            # ELOOP / ENOTDIR / EEXIST: something tried to redirect us through a link or reuse a
+            # name; anything else (ENOSPC...) is this machine's, and the whole copy-back's.
+            if isinstance(exc, OSError) and exc.errno not in _HOST_CAUSED:
+                raise self._here(exc, rel) from None
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            _warn(report, f"{shown(rel)}: refused ({reason})")
+
+    async def _file(self, rel: str, mode: int) -> None:
+        fd, dfd = self.tree.create_file(rel, mode)
+        done = False
+        try:
+            budget = self.dest.budget
+            left = self.limits.max_bytes - self.report.bytes
+            batch_left = budget.bytes_left if budget is not None else left
             try:
-                budget = limits.max_bytes - report.bytes
-                try:
-                    got = await _download(host, jobdir, rel, fd, budget, prefetch)
-                except SizeLimitExceeded:
-                    raise TransferError(
-                        f"{host.name}:{jobdir}: results exceed the copy-back limit of "
-                        f"{limits.max_bytes} bytes (raise --max-result-bytes); they stay on the host"
+                got = await _download(self.host, self.jobdir, rel, fd, min(left, batch_left), self.prefetch)
+            except SizeLimitExceeded:
+                if budget is not None and batch_left < left:
+                    raise BudgetSpent(
+                        f"{self.host.name}: the batch's results passed its copy-back budget of "
+                        f"{budget.limits.batch_bytes} bytes (raise --max-batch-result-bytes)"
                     ) from None
-                except RemoteFileError as exc:
-                    _warn(report, f"{shown(rel)}: not copied: {shown(str(exc), 500)}")
-                    return
-                report.bytes += got
-                report.files += 1
-                done = True
-            finally:
-                os.close(fd)
-                if not done:  # no empty stand-in for a file that did not come
-                    with contextlib.suppress(OSError):
-                        os.unlink(rel.rsplit("/", 1)[-1], dir_fd=dfd)
-                os.close(dfd)
-        else:
-            _warn(report, f"{shown(rel)}: special file skipped")
-    except (OSError, ValueError) as exc:
-        # ELOOP / ENOTDIR / EEXIST: something tried to redirect us through a link or reuse a name.
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        _warn(report, f"{shown(rel)}: refused ({reason})")
+                raise TransferError(
+                    f"{self.host.name}: the results exceed the copy-back limit of "
+                    f"{self.limits.max_bytes} bytes (raise --max-result-bytes)"
+                ) from None
+            except RemoteFileError as exc:
+                _warn(self.report, f"{shown(rel)}: not copied: {shown(str(exc), 500)}")
+                return
+            except OSError as exc:
+                if exc.errno in _WRITE_FAILED:  # writing here failed: the copy-back fails
+                    raise self._here(exc, rel) from None
+                # A local transport reading this machine's files: the source could not be read.
+                _warn(self.report, f"{shown(rel)}: not copied: {exc.strerror or exc}")
+                return
+            self.report.bytes += got
+            self.report.files += 1
+            if budget is not None:
+                budget.bytes_left -= got
+            done = True
+        finally:
+            os.close(fd)
+            if not done:  # no empty stand-in for a file that did not come
+                with contextlib.suppress(OSError):
+                    os.unlink(rel.rsplit("/", 1)[-1], dir_fd=dfd)
 
 
 async def _download(host: HostSession, jobdir: str, rel: str, fd: int, budget: int, prefetch: bulk.Prefetch) -> int:
     """One result file into ``fd``: from the agent's bulk answer when it has one, else by SFTP;
-    either way counted against the same byte budget."""
+    either way counted against the same byte budget.  Writing ``fd`` failing raises the
+    OSError it is (the caller knows it is this machine's)."""
     blob = await prefetch.get(rel)
     if blob is None:
         return await host.transport.download(f"{jobdir}/{rel}", fd, budget)

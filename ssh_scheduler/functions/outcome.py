@@ -13,17 +13,21 @@ its value (it could not load on its host, timed out, lost its result, never ran)
 
 from __future__ import annotations
 
-import json
 import pickle
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from ssh_scheduler.errors import SchedulerError
+from ssh_scheduler.errors import ConfigError, SchedulerError
 from ssh_scheduler.jobs.python_call import INFO, RESULT
+from ssh_scheduler.results.untrusted import open_untrusted, parse_json, read_untrusted
 
 __all__ = ["CallError", "Outcome", "RemoteError", "RemoteTraceback", "read_outcome"]
+
+INFO_LIMIT = 1 << 20
+"""The most of ``INFO`` read: the runner writes a few kB (its traceback is cut at 20,000
+characters); anything larger is not what it wrote."""
 
 
 class CallError(SchedulerError):
@@ -91,18 +95,23 @@ def read_outcome(results_dir: Path, job: str, host: str, failure: str | None = N
     when it did (timed out, its result could not be copied home...), for a call that left no
     result."""
     folder = results_dir / job
+    # Read as main reads any results folder (results/untrusted): no link followed, no FIFO
+    # waited on, nothing unbounded; what is wrong there is the call's error, in one line.
     try:
-        info = json.loads((folder / INFO).read_text())
-        if not isinstance(info, dict):
+        data = read_untrusted(folder / INFO, "a call's result", INFO_LIMIT)
+        info = None if data is None else parse_json(data)
+        if data is not None and not isinstance(info, dict):
             raise ValueError("not a JSON object")
-    except FileNotFoundError:
+    except ConfigError as exc:
+        return Outcome(error=CallError(f"call {job}: {exc}", job=job, host=host))
+    except ValueError as exc:
+        return Outcome(error=CallError(f"call {job}: its result {folder / INFO} is unreadable ({exc})", job=job, host=host))
+    if info is None:
         why = failure or "it ended without writing one"
         return Outcome(error=CallError(
             f"call {job} on {host} left no result ({why}); its output is in "
             f"{results_dir / job}.out and .err", job=job, host=host,
         ))  # fmt: skip
-    except (OSError, ValueError) as exc:
-        return Outcome(error=CallError(f"call {job}: its result {folder / INFO} is unreadable ({exc})", job=job, host=host))
     kind = info.get("kind")
     if kind == "refused":
         return Outcome(error=CallError(f"{host}: {info.get('message', 'the call did not load')}", job=job, host=host))
@@ -118,14 +127,25 @@ def read_outcome(results_dir: Path, job: str, host: str, failure: str | None = N
             job=job, host=host,
         ))  # fmt: skip
     try:
-        with open(folder / RESULT, "rb") as f:
+        with _result_file(folder) as f:
             return Outcome(value=pickle.load(f))
+    except ConfigError as exc:
+        return Outcome(error=CallError(f"call {job}: {exc}", job=job, host=host))
     except Exception as exc:  # (unpickling runs any class's code)
         return Outcome(error=CallError(
             f"the value of call {job} from {host} does not unpickle here ({type(exc).__name__}: "
             f"{str(exc)[:200]}); fix: return values whose classes this script can import",
             job=job, host=host,
         ))  # fmt: skip
+
+
+def _result_file(folder: Path) -> IO[bytes]:
+    """``RESULT``, open: a regular file, no link followed (read as a stream, so a 50 MB value is
+    held once, as the value)."""
+    stream = open_untrusted(folder / RESULT, "a call's pickled result")
+    if stream is None:
+        raise ConfigError(f"{folder / RESULT} is missing, though {INFO} says the call wrote it")
+    return stream
 
 
 def _raised(folder: Path, info: dict[str, Any], job: str, host: str) -> BaseException:
@@ -136,8 +156,10 @@ def _raised(folder: Path, info: dict[str, Any], job: str, host: str) -> BaseExce
     exc: object = None
     if info.get("pickled") and _loads_here(info):
         try:
-            with open(folder / RESULT, "rb") as f:
+            with _result_file(folder) as f:
                 exc = pickle.load(f)
+        except ConfigError as problem:
+            why = str(problem)
         except Exception as problem:
             why = f"{type(problem).__name__}: {str(problem)[:200]}"
     elif info.get("pickled"):

@@ -11,6 +11,10 @@ executor stopped), every future still open gets the reason.
 Cancelling a future cancels its job: taken out of the queue, or killed on its host (its
 processes are gone before the job counts as cancelled).  :meth:`CallBatch.stop` kills
 everything: stop, then kill, as a second Ctrl-C does to ``execute_batch``.
+
+The batch keeps its event file (``job_results/.events.jsonl``, :mod:`ssh_scheduler.results.event_log`)
+as a batch of the command line does: ``ssh-scheduler attach`` and ``report`` show a script's calls,
+their hosts, GPUs and probes, like any batch's.
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ from ssh_scheduler.functions.outcome import CallError, Outcome, read_outcome
 from ssh_scheduler.jobs.batch_file import Job
 from ssh_scheduler.machines.machine import Machine
 from ssh_scheduler.planner.phases import JobPhase
+from ssh_scheduler.results.event_log import EventLog
+from ssh_scheduler.view.display import summary_lines
 
 __all__ = ["CallBatch", "CallFuture"]
 
@@ -171,7 +177,19 @@ class CallBatch:
     async def _serve(self) -> None:
         self._loop = asyncio.get_running_loop()
         batch = self._batch = Batch([], self.machines, self.options, bus=self.bus, open=True)
+        results = self.options.results_dir
+        kept = EventLog(results, lambda: (batch.summary.exit_code, summary_lines(batch.summary, results)))
+        self.bus.subscribe(kept)
         self.bus.subscribe(self._on_event)
+        ended: BaseException | None = None
+        try:
+            ended = await self._run(batch)
+        finally:
+            # The exit record: the summary's, or what ended the batch (stopped: as by Ctrl-C).
+            kept.__exit__(type(ended) if ended is not None else None, ended, None)
+
+    async def _run(self, batch: Batch) -> BaseException | None:
+        """Run the batch to its end; what ended it when it did not end by closing."""
         run = asyncio.ensure_future(batch.run())
         under_way = asyncio.ensure_future(batch.under_way.wait())
         await asyncio.wait({run, under_way}, return_when=asyncio.FIRST_COMPLETED)
@@ -180,10 +198,12 @@ class CallBatch:
             self._under_way.set()
         try:
             await run
-        except asyncio.CancelledError:  # stopped (request_stop twice): every call was killed
+        except asyncio.CancelledError as exc:  # stopped (request_stop twice): every call was killed
             self.failure = CallError("the executor was stopped: its calls were killed")
+            return exc
         except BaseException as exc:  # (any failure is every open call's)
             self.failure = exc
+            return exc
         finally:
             with self._lock:
                 self.over.set()
@@ -195,6 +215,7 @@ class CallBatch:
                 self._drop_payload(job)
             if self.failure is not None and not isinstance(self.failure, SchedulerError):
                 log.error("the executor's batch failed", exc_info=self.failure)
+        return None
 
     def ended(self, job: str = "") -> BaseException:
         """Why the batch takes no more calls (and ``job`` will not run)."""

@@ -19,6 +19,8 @@ Everything here happens before a byte leaves this machine, and nothing here does
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import functools
 import hashlib
 import logging
@@ -67,19 +69,63 @@ LARGEST_SHOWN = 5
 SECRET_PATTERNS = (
     # credential folders: keys, tokens, cloud and cluster logins
     ".ssh/", ".gnupg/", ".aws/", ".azure/", ".kube/", ".password-store/", "**/.config/gcloud/",
-    "**/.docker/config.json",
+    "**/.docker/config.json", "**/.config/containers/auth.json", ".kaggle/", "**/.config/kaggle/",
+    "**/.config/gh/", "**/.config/hub", "**/.config/rclone/", ".terraform.d/credentials.tfrc.json",
+    "**/.local/share/keyrings/",
+    # token stores of tools: Hugging Face (also under $HF_HOME), Kaggle, rclone, cargo, gem
+    "**/huggingface/token", "**/huggingface/stored_tokens", ".huggingface/", "kaggle.json",
+    "rclone.conf", ".rclone.conf", "**/.cargo/credentials", "**/.cargo/credentials.toml",
+    "**/.gem/credentials", ".databrickscfg", ".boto", ".s3cfg",
     # files holding passwords or tokens
     ".netrc", "_netrc", ".pgpass", ".git-credentials", ".pypirc", ".npmrc", ".vault-token",
     ".my.cnf",
+    # shell and REPL histories: commands typed with a token in them
+    ".bash_history", ".zsh_history", ".sh_history", ".histfile", ".history", "fish_history",
+    ".python_history", ".psql_history", ".mysql_history", ".sqlite_history", ".node_repl_history",
+    ".rediscli_history", ".irb_history", ".Rhistory", ".lesshst", ".viminfo", "**/.ipython/**/history.sqlite",
+    "**/.julia/logs/repl_history.jl",
     # private keys by their usual names; key stores
     "id_rsa", "id_dsa", "id_ecdsa", "id_ed25519", "id_ecdsa_sk", "id_ed25519_sk",
     "*.p12", "*.pfx", "*.ppk", "*.jks", "*.keystore",
 )  # fmt: skip
 """gitignore patterns of what a copy forward never sends unless named and allowed."""
 
-# Keys are small: only files up to this size are read for a private key header.
+# Keys are small: only files up to this size are read for a private key.
 KEY_SCAN_BYTES = 64 * 1024
-_PRIVATE_KEY = re.compile(rb"^-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----|^PuTTY-User-Key-File-", re.M)
+# A key at a line's start, as a PEM or PuTTY file has it (a BOM or indentation before it too).
+_KEY_AT_LINE_START = re.compile(
+    rb"^(?:\xef\xbb\xbf)?[ \t]*(?:-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|PuTTY-User-Key-File-)", re.M
+)
+# Anywhere else (a JSON string: a GCP service account's "private_key"; a YAML or .env value) the
+# armour must be followed by what a key holds, so source code that names the header is no key:
+# separators (real, or JSON-escaped \n), optional armour headers (Proc-Type:, Version:), then base64.
+_SEP = rb"(?:[ \t\r\n]|\\[rnt])"
+_KEY_ANYWHERE = re.compile(
+    rb"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----" + _SEP + rb"*"
+    rb"(?:[A-Za-z][A-Za-z0-9-]*:[^\r\n\\]*" + _SEP + rb"+)*[A-Za-z0-9+/]{16}"
+    rb"|PuTTY-User-Key-File-[0-9]+: *[\w@.-]+" + _SEP + rb"+Encryption: "
+)
+# A PEM file base64-encoded again (a Kubernetes secret, a kubeconfig's client-key-data).
+_BASE64_PEM = re.compile(rb"LS0tLS1CRUdJTi[A-Za-z0-9+/]{20,200}")
+_WIDE = ("utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be")
+
+
+def holds_key_text(head: bytes) -> bool:
+    """Whether these bytes (a small file's content) hold a PEM, PGP or PuTTY private key: at a
+    line's start, inside a JSON or YAML value, base64-encoded once more, or in UTF-16/32."""
+    if _KEY_AT_LINE_START.search(head) or _KEY_ANYWHERE.search(head):
+        return True
+    for match in _BASE64_PEM.finditer(head):
+        chunk = match.group()[: len(match.group()) // 4 * 4]
+        with contextlib.suppress(ValueError):
+            if holds_key_text(base64.b64decode(chunk)):
+                return True
+    if b"\x00" in head:
+        for encoding in _WIDE:
+            narrow = head.decode(encoding, "ignore").encode("utf-8", "ignore")
+            if b"-----BEGIN" in narrow or b"PuTTY" in narrow:
+                return holds_key_text(narrow)
+    return False
 
 ALLOW_SECRETS_FLAG = "--allow-secret-copies"
 ALLOW_OUTSIDE_FLAG = "--allow-outside-copies"
@@ -140,7 +186,7 @@ class Hasher:
                 while block := f.read(1 << 20):
                     head = head or block
                     h.update(block)
-            is_key = st.st_size <= KEY_SCAN_BYTES and _PRIVATE_KEY.search(head) is not None
+            is_key = st.st_size <= KEY_SCAN_BYTES and holds_key_text(head)
             found = (h.hexdigest(), is_key)
             self._memo[memo_key] = found
         return found
@@ -157,7 +203,7 @@ def holds_private_key(path: Path, st: os.stat_result) -> bool:
             head = f.read(KEY_SCAN_BYTES)
     except OSError:
         return False  # unreadable: hashing it will say so
-    return _PRIVATE_KEY.search(head) is not None
+    return holds_key_text(head)
 
 
 @functools.cache

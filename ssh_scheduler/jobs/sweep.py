@@ -24,11 +24,15 @@ Instead of ``template``, the header may name a Python function, ``call: package.
 each combination is then one call, ``function(**params)``, run in the combination's folder
 (``ssh_scheduler.functions.call_sweep``; its job is ``<combination>.call``).
 
-Placeholders are ``{name}``; ``{_output}`` is the combination's result folder and ``{_name}`` its
-name.  Values are inserted as single shell words (``shlex.quote``): a value can never inject shell
-syntax, and ``0.01`` or ``data/a.txt`` read exactly as written.  ``{{name}}`` is a literal
-``{name}``; ``${VAR}`` and every brace that does not hold a plain name (JSON, ``awk '{print $1}'``)
-are left alone: unlike ``str.format`` a shell command needs no escaping.
+Placeholders are ``{name}`` for any parameter name the seed runner's ``str.format`` can address
+(``early-stop`` too); ``{_output}`` is the combination's result folder and ``{_name}`` its name.
+A value is written for where its placeholder stands in the shell's reading (a plain word,
+``'...'``, ``"..."``, a comment; :mod:`ssh_scheduler.jobs.shell_template`): it stays one literal
+piece of text whatever quoting surrounds it, and ``0.01`` or ``data/a.txt`` read exactly as
+written; a placeholder where no writing could keep it literal (backquotes, arithmetic, a
+here-document...) is refused when the file is read.  ``{{name}}`` is a literal ``{name}``;
+``${VAR}`` and every brace that does not hold a name (JSON, ``awk '{print $1}'``) are left alone:
+unlike ``str.format`` a shell command needs no escaping.
 
 Combination names come from the parameters that vary anywhere in the file (not just in the part
 selected with ``-t``/``--sample``), so a combination keeps its folder across runs: ``lr_0.01-seed_2``;
@@ -42,7 +46,6 @@ import itertools
 import json
 import random
 import re
-import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -54,10 +57,11 @@ from ssh_scheduler.jobs.batch_file import Job, check_dependencies
 from ssh_scheduler.jobs.job_names import validate_job_name
 from ssh_scheduler.jobs.needs import Needs, NeedsOverride
 from ssh_scheduler.jobs.options import need_options
+from ssh_scheduler.jobs.shell_template import TemplateError, check_template, placeholders
 
 __all__ = [
     "CALL_COMMAND", "MAX_NAME_CHARS", "NEED_KEYS", "Combination", "SweepDocument", "SweepSpec",
-    "build_jobs", "expand", "parse_sweep", "placeholders", "render", "sample", "select_commands",
+    "build_jobs", "expand", "parse_sweep", "sample", "select_commands",
 ]
 
 Scalar = str | int | float | bool
@@ -74,11 +78,7 @@ NEED_SWITCHES: dict[str, tuple[str, object]] = {
     o.name: (o.to.partition(".")[2], o.sets) for o in need_options() if o.switch
 }
 BUILTINS = ("_output", "_name")
-_PARAM_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
 _COMMAND_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*\Z")
-# ``{{name}}`` (a literal ``{name}``), or ``{name}`` not preceded by ``$`` (``${HOME}`` stays the
-# shell's); every other brace is literal, so JSON or awk in a command needs no escaping.
-_PLACEHOLDER = re.compile(r"\{\{([A-Za-z_][A-Za-z0-9_]*)\}\}|(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # ``call: package.module:function`` (a qualified name may hold dots: ``module:Class.method``)
 _CALL_REFERENCE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_.]*\Z")
 CALL_COMMAND = "call"
@@ -139,6 +139,8 @@ def _where(path: str, number: int, key: str | None = None) -> str:
 
 
 def _scalar(value: object, where: str) -> Scalar:
+    if isinstance(value, str) and "\x00" in value:
+        raise ConfigError(f"{where}: contains a NUL byte, which no command can carry")
     if isinstance(value, str | int | float | bool):
         return value
     if value is None:
@@ -177,12 +179,23 @@ def _split_needs(raw: Mapping[str, object]) -> tuple[dict[str, object], dict[str
     return needs, rest
 
 
+def addressable(name: str) -> bool:
+    """Whether ``{name}`` reaches ``name`` in the seed runner's ``str.format``: the names it
+    accepts (``early-stop``, ``a b``), not those it reads as an index (``1``), an attribute or
+    an item (``a.b``, ``a[0]``), a conversion or a format (``a!r``, ``a:3``)."""
+    try:
+        return ("{" + name + "}").format_map({name: "x"}) == "x"
+    except (KeyError, IndexError, ValueError, AttributeError, TypeError):
+        return False
+
+
 def _check_param_name(key: object, where: str) -> str:
-    if not isinstance(key, str) or not _PARAM_NAME.match(key):
-        hint = " (names starting with '_' are reserved)" if str(key).startswith("_") else ""
+    if isinstance(key, str) and key.startswith("_"):
+        raise ConfigError(f"{where}: {show_value(key)} is not a parameter name (names starting with '_' are reserved)")
+    if not isinstance(key, str) or not addressable(key):
         raise ConfigError(
-            f"{where}: {show_value(key)} is not a parameter name; use letters, digits and '_', "
-            f"starting with a letter{hint}"
+            f"{where}: {show_value(key)} is not a parameter name; a placeholder {{name}} cannot reach it "
+            "(a name is text that is not a number and holds none of . [ ] { } ! :)"
         )
     return key
 
@@ -303,37 +316,24 @@ def _document(raw: object, number: int, path: str, base_needs: Mapping[str, obje
 # --- placeholders --------------------------------------------------------------------------------
 
 
-def placeholders(template: str) -> list[str]:
-    """The parameter names a template refers to, in order of first use."""
-    seen: dict[str, None] = {}
-    for match in _PLACEHOLDER.finditer(template):
-        if match.group(2):
-            seen.setdefault(match.group(2), None)
-    return list(seen)
-
-
-def render(template: str, values: Mapping[str, str]) -> str:
-    """Fill a template; each value becomes one shell word.  A missing name is a ``KeyError``
-    (the sweep was checked when parsed, so this does not happen for a parsed spec)."""
-
-    def one(match: re.Match[str]) -> str:
-        escaped, name = match.groups()
-        return "{" + escaped + "}" if escaped else shlex.quote(values[name])
-
-    return _PLACEHOLDER.sub(one, template)
-
-
 def _check_placeholders(spec: SweepSpec) -> None:
-    """Every placeholder of every command has a value in every document: a typo is found now,
-    not when the last combination of a long sweep starts."""
+    """Every placeholder of every command has a value in every document, and stands where a value
+    can be kept literal: a typo or an unsafe spot is found now, not when the last combination of a
+    long sweep starts."""
+    names = {*spec.defaults, *(k for d in spec.documents for k in d.params), *BUILTINS}
+    for command, template in spec.commands:
+        try:
+            check_template(template, names)
+        except TemplateError as err:
+            raise ConfigError(f"{plain_text(spec.path)}: command {command!r}: {err}") from None
     for document in spec.documents:
         known = {*spec.defaults, *document.params, *BUILTINS}
         for command, template in spec.commands:
-            for name in placeholders(template):
+            for name in placeholders(template, names):
                 if name not in known:
                     raise ConfigError(
-                        f"{plain_text(spec.path)}: command {command!r} uses {{{name}}}, which has no "
-                        f"value in document {document.number} (add {name} to 'default' or to that document)"
+                        f"{plain_text(spec.path)}: command {command!r} uses {{{plain_text(name)}}}, which has no "
+                        f"value in document {document.number} (add {plain_text(name)} to 'default' or to that document)"
                     )
 
 

@@ -42,8 +42,9 @@ from ssh_scheduler.machines.machine import (
 )
 from ssh_scheduler.machines.machine_yaml import MACHINE_KEYS, parse_machine_yaml
 from ssh_scheduler.machines.ssh_config import ConfigFile, read_config_file
+from ssh_scheduler.machines.ssh_jump import JumpHop, parse_jump
 from ssh_scheduler.machines.ssh_resolve import SshHost, resolve_host
-from ssh_scheduler.machines.ssh_tokens import JumpHop, LocalAccount, current_account, parse_jump
+from ssh_scheduler.machines.ssh_tokens import LocalAccount, current_account
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
@@ -92,13 +93,14 @@ class SshConfigs:
 
     def files(self) -> list[ConfigFile]:
         if self._files is None:
-            home = self.account.home
+            # ~/.ssh/config is under the account's home (the password database), while '~'
+            # in an Include is $HOME (glob's): ssh does the same
             if self._explicit is not None:
-                found = [read_config_file(self._explicit, home=home)]
+                found = [read_config_file(self._explicit)]
             else:
                 found = [
-                    read_config_file(self._user_config, home=home, check_permissions=True),
-                    read_config_file(self._system, home=home, user_config=False),
+                    read_config_file(self._user_config, check_permissions=True),
+                    read_config_file(self._system, user_config=False),
                 ]
             self._files = [f for f in found if f is not None]
         return self._files
@@ -117,11 +119,12 @@ class SshConfigs:
 
 
 def _existing_keys(resolved: SshHost, at: str) -> tuple[str, ...]:
-    """The IdentityFiles that exist: ssh skips missing ones when it connects."""
+    """The IdentityFiles that exist: ssh skips missing ones (and ``none``) when it connects,
+    and tries its default keys only when no IdentityFile applies."""
     present = tuple(p for p in resolved.identity_paths if os.path.isfile(p))
-    if resolved.identity_paths and not present:
+    if resolved.identity_files and not present:
         where = resolved.where.get("identityfile", at)
-        keys = ", ".join(map(tilde_path, resolved.identity_paths))
+        keys = ", ".join(map(tilde_path, resolved.identity_paths or resolved.identity_files))
         raise ConfigError(
             f"{where}: none of the IdentityFile keys exist ({keys}); ssh would try only the "
             "agent's keys, which is not supported (fix the IdentityFile lines)"
@@ -311,8 +314,10 @@ _IPV6_BRACKETS = re.compile(r"\[[^\]]*:[^\]]*\]")
 
 
 def _expand_spec(spec: str) -> list[str]:
-    """Expand a host range in a spec, unless it is an existing file or an ``[IPv6]`` literal."""
-    if not any(ch in spec for ch in "[" + hostlist.OPERATORS) or _IPV6_BRACKETS.search(spec):
+    """Expand a host range in a spec, unless it is an existing file or an ``[IPv6]`` literal.
+    A wildcard (``gpu*``) goes to the range parser too, which refuses it in one line rather than
+    letting it through as a host name."""
+    if not any(ch in spec for ch in "[*?" + hostlist.OPERATORS) or _IPV6_BRACKETS.search(spec):
         return [spec]
     try:
         if Path(os.path.expanduser(spec)).is_file():

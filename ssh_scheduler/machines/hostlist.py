@@ -10,18 +10,21 @@ Syntax accepted by :func:`expand`:
   padded range have the same number of digits (``n[08-100]`` is refused, as ClusterShell does:
   write ``n[08-99,100]``).
 * Several brackets give the cartesian product, leftmost bracket varying slowest
-  (``r[1-2]n[1-2]`` -> ``r1n1 r1n2 r2n1 r2n2``).
+  (``r[1-2]n[1-2]`` -> ``r1n1 r1n2 r2n1 r2n2``).  Between two brackets there must be something
+  other than digits: ClusterShell refuses ``n[1][2]`` and ``n[1]0[2]`` alike.
 * ClusterShell's set operators between patterns, evaluated left to right: ``,`` union,
   ``!`` difference (``gpu[1-8]!gpu3``), ``&`` intersection, ``^`` symmetric difference;
-  whitespace around each pattern is ignored.
+  whitespace around each pattern is ignored.  Each operator costs the size of its own
+  operand, not of the set so far, so a long chain of them stays linear.
 * Everything outside brackets is literal text, so ``ben@gpu[1-2]:2222`` and
   ``machines/gpu[1-2].yaml`` work too.
 * The result keeps the order of the pattern and drops repeated names (first one wins).
 * At most :data:`MAX_EXPANSION` distinct names; more is a :class:`ConfigError`, checked before
   the names are generated.
 
-Refused, because ClusterShell would read them differently: node groups (``@gpus``) and range
-steps (``[1-10/2]``).  Anything malformed (``gpu[3-1]``, ``gpu[``, ``gpu[a-b]``, ``gpu[]``, an
+Refused, because ClusterShell would read them differently: node groups (``@gpus``), wildcards
+(``gpu*``, ``gpu?``: ClusterShell matches them against the hosts of a group source, and we have
+none) and range steps (``[1-10/2]``).  Anything malformed (``gpu[3-1]``, ``gpu[``, ``gpu[a-b]``, ``gpu[]``, an
 empty pattern) raises :class:`ConfigError` with a one-line message.
 
 :func:`fold` is the inverse used for display; ``expand(fold(names))`` gives back the same set of
@@ -45,6 +48,8 @@ MAX_EXPANSION = 100_000
 OPERATORS = ",!&^"
 _RANGE_ITEM = re.compile(r"([0-9]+)(?:-([0-9]+))?")
 _LAST_NUMBER = re.compile(r"^(.*?)([0-9]+)([^0-9]*)$", re.DOTALL)
+_ALL_DIGITS = re.compile(r"[0-9]+")
+_DIGITS = frozenset("0123456789")
 _MAX_SHOWN = 60
 
 
@@ -94,6 +99,18 @@ class _Bracket:
                     total += hi - max(lo, end + 1) + 1
                     end = hi
         return total
+
+    def crossing(self) -> int | None:
+        """A power of ten that the unpadded numbers reach from the number before it (9 and 10,
+        99 and 100...): ClusterShell prepends the digits before a bracket to each end of a run
+        of numbers, which across such a step gives another range (1[9-10] -> 19-110)."""
+        spans = [(lo, hi) for lo, hi, width in self.ranges if not width]
+        power = 10
+        while spans and power <= max(hi for _, hi in spans):
+            if all(any(lo <= n <= hi for lo, hi in spans) for n in (power - 1, power)):
+                return power
+            power *= 10
+        return None
 
     def values(self) -> list[str]:
         seen: dict[str, None] = {}
@@ -154,6 +171,13 @@ def _expand_one(part: str, whole: str) -> Iterator[str]:
             f"host range {_show(whole)}: node groups like {_show(part)} are not supported "
             "(list the hosts, or write a range like gpu[1-8])"
         )
+    outside = re.sub(r"\[[^\]]*\]", "", part)
+    if "*" in outside or "?" in outside:
+        raise ConfigError(
+            f"host range {_show(whole)}: wildcards like {_show(part)} are not supported "
+            "(ClusterShell matches them against the hosts of a group source, and there is none "
+            "here: list the hosts, or write a range like gpu[1-8])"
+        )
     pieces: list[str | _Bracket] = []
     pos = 0
     while pos < len(part):
@@ -172,6 +196,13 @@ def _expand_one(part: str, whole: str) -> Iterator[str]:
                 f"host range {_show(whole)}: two brackets next to each other, which ClusterShell "
                 "refuses too (put text between them, like r[1-2]n[1-4])"
             )
+        between = part[pos:open_at]
+        if pieces and isinstance(pieces[-1], _Bracket) and _ALL_DIGITS.fullmatch(between):
+            raise ConfigError(
+                f"host range {_show(whole)}: only digits ({_show(between)}) between two "
+                "brackets, which ClusterShell refuses too (put a letter between them, like "
+                "r[1-2]n[1-4], or write the digits inside the brackets)"
+            )
         if open_at > pos or not pieces:
             pieces.append(part[pos:open_at])
         close_at = part.find("]", open_at + 1)
@@ -185,7 +216,17 @@ def _expand_one(part: str, whole: str) -> Iterator[str]:
                 f"host range {_show(whole)}: brackets cannot be nested "
                 "(write ranges like r[1-2]n[1-4])"
             )
-        pieces.append(_parse_bracket(body, whole))
+        bracket = _parse_bracket(body, whole)
+        crossing = bracket.crossing() if part[:open_at][-1:] in _DIGITS else None
+        if crossing is not None:
+            raise ConfigError(
+                f"host range {_show(whole)}: a digit right before a range that goes from "
+                f"{crossing - 1} to {crossing} is not supported (ClusterShell reads "
+                f"x1[{crossing - 1}-{crossing}] as x1{crossing - 1} to x1{crossing}, every "
+                "number between; split the range where the numbers grow a digit, or put the "
+                "digit inside the brackets)"
+            )
+        pieces.append(bracket)
         pos = close_at + 1
     size = 1
     for piece in pieces:
@@ -201,7 +242,10 @@ def expand(pattern: str) -> list[str]:
     """Expand a host range pattern into the list of names it stands for (see module doc)."""
     if not pattern.strip():
         raise ConfigError("empty host pattern (give a name or a range like gpu[1-8,12])")
-    result: dict[str, None] = {}
+    # name -> when it joined: the set changes in place, each operator touching only the names
+    # of its own operand (copying the set per operator made "n[1-100000]!x!x..." quadratic)
+    result: dict[str, int] = {}
+    joined = itertools.count()
     parts = _split_operators(pattern)
     for index, (operator, raw) in enumerate(parts):
         part = raw.strip()
@@ -211,15 +255,24 @@ def expand(pattern: str) -> list[str]:
             raise ConfigError(f"host range {_show(pattern)}: {what} (remove the extra '{near}')")
         names = dict.fromkeys(_expand_one(part, pattern))
         if operator in ("", ","):
-            result.update(names)
+            for name in names:
+                if name not in result:
+                    result[name] = next(joined)
         elif operator == "!":
-            result = {n: None for n in result if n not in names}
+            for name in names:
+                result.pop(name, None)
         elif operator == "&":
-            result = {n: None for n in result if n in names}
+            if len(result) <= len(names):
+                result = {n: when for n, when in result.items() if n in names}
+            else:  # keep the set's order, walking only the operand
+                kept = sorted((result[n], n) for n in names if n in result)
+                result = {n: when for when, n in kept}
         else:  # "^"
-            either = {n: None for n in result if n not in names}
-            either.update((n, None) for n in names if n not in result)
-            result = either
+            for name in names:
+                if name in result:
+                    del result[name]
+                else:
+                    result[name] = next(joined)
         if len(result) > MAX_EXPANSION:
             raise _too_many(pattern)
     if not result:

@@ -2,7 +2,13 @@
 ``readconf.c`` splits them (``strdelim`` for the keyword, ``argv_split`` for the arguments:
 quotes, backslash escapes, ``#`` comments, ``Key=value``), with their ``Include`` files read:
 globs, relative paths under ``~/.ssh/`` (user config) or ``/etc/ssh/`` (system config), nested
-at most 16 deep, group- or world-writable included files refused as ssh refuses them.
+at most 16 deep, included files (and ``~/.ssh/config``) with unsafe owner or permissions refused
+as Debian's ssh refuses them (:mod:`ssh_scheduler.machines.ssh_include`).
+
+Like ssh, this reads bytes: lines end at ``\n`` only (a file with ``\r`` endings alone is one
+long line), bytes that are not UTF-8 are kept (``surrogateescape``) for the evaluation to refuse
+only where a value is used, and a UTF-8 byte order mark is part of the first keyword (which ssh
+then refuses).
 
 Which lines apply to a host is :mod:`ssh_scheduler.machines.ssh_evaluate`; the values ssh then connects
 with, :mod:`ssh_scheduler.machines.ssh_resolve`.  ``tests/test_ssh_config_differential.py`` holds the
@@ -11,15 +17,15 @@ three to the real ``ssh -G``.
 
 from __future__ import annotations
 
-import glob
 import os
-import re
 import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from ssh_scheduler.errors import ConfigError, plain_text, show_value
+from ssh_scheduler.machines.ssh_include import glob_home, include_glob, secure_permissions
+from ssh_scheduler.machines.ssh_tokens import ascii_lower
 
 __all__ = [
     "KEYWORDS",
@@ -36,7 +42,8 @@ SYSTEM_SSH_CONFIG = Path("/etc/ssh/ssh_config")
 MAX_INCLUDE_DEPTH = 16
 MAX_CONFIG_BYTES = 1 << 20
 
-# Every keyword of OpenSSH 9.2 as Debian builds it (checked against the real binary).
+# Every keyword of OpenSSH 9.2 as Debian builds it: tests/test_ssh_config_differential.py
+# derives the list from the ssh binary and asks ssh about each, both ways.
 _KEYWORD_LIST = """
     addkeystoagent addressfamily afstokenpassing batchmode bindaddress bindinterface
     canonicaldomains canonicalizefallbacklocal canonicalizehostname canonicalizemaxdots
@@ -51,21 +58,22 @@ _KEYWORD_LIST = """
     gssapitrustdns hashknownhosts host hostbasedacceptedalgorithms hostbasedauthentication
     hostbasedkeytypes hostkeyalgorithms hostkeyalias hostname identitiesonly identityagent
     identityfile identityfile2 ignoreunknown include ipqos kbdinteractiveauthentication
-    kbdinteractivedevices keepalive kerberosauthentication kerberostgtpassing knownhostscommand
-    localcommand localforward loglevel logverbose macs match nohostauthenticationforlocalhost
-    numberofpasswordprompts passwordauthentication permitlocalcommand permitremoteopen
-    pkcs11provider port preferredauthentications protocol protocolkeepalives proxycommand proxyjump
-    proxyusefdpass pubkeyacceptedalgorithms pubkeyacceptedkeytypes pubkeyauthentication rekeylimit
-    remotecommand remoteforward requesttty requiredrsasize revokedhostkeys rhostsauthentication
-    rhostsrsaauthentication securitykeyprovider sendenv serveralivecountmax serveraliveinterval
-    sessiontype setenv setuptimeout skeyauthentication smartcarddevice stdinnull streamlocalbindmask
-    streamlocalbindunlink stricthostkeychecking syslogfacility tcpkeepalive tisauthentication tunnel
-    tunneldevice updatehostkeys useblacklistedkeys useprivilegedport user userknownhostsfile
-    userknownhostsfile2 useroaming usersh verifyhostkeydns visualhostkey xauthlocation
+    kbdinteractivedevices keepalive kerberosauthentication kerberostgtpassing kexalgorithms
+    knownhostscommand localcommand localforward loglevel logverbose macs match
+    nohostauthenticationforlocalhost numberofpasswordprompts passwordauthentication
+    permitlocalcommand permitremoteopen pkcs11provider port preferredauthentications protocol
+    protocolkeepalives proxycommand proxyjump proxyusefdpass pubkeyacceptedalgorithms
+    pubkeyacceptedkeytypes pubkeyauthentication rekeylimit remotecommand remoteforward
+    requesttty requiredrsasize revokedhostkeys rhostsauthentication rhostsrsaauthentication
+    rsaauthentication securitykeyprovider sendenv serveralivecountmax serveraliveinterval
+    sessiontype setenv setuptimeout skeyauthentication smartcarddevice stdinnull
+    streamlocalbindmask streamlocalbindunlink stricthostkeychecking syslogfacility tcpkeepalive
+    tisauthentication tunnel tunneldevice updatehostkeys useblacklistedkeys useprivilegedport
+    user userknownhostsfile userknownhostsfile2 useroaming usersh verifyhostkeydns visualhostkey
+    xauthlocation
 """
 KEYWORDS = frozenset(_KEYWORD_LIST.split())
 WHITESPACE = " \t\r\n"
-_CONTROL_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +81,7 @@ class SshLine:
     """One ``Keyword args...`` line."""
 
     keyword: str
-    """Lower-cased, as written (aliases not folded)."""
+    """Lower-cased (ASCII only, as ssh), as written (aliases not folded)."""
     args: tuple[str, ...]
     """Split as ``argv_split`` does (quotes, backslash escapes, ``#`` comments)."""
     rest: str
@@ -84,6 +92,9 @@ class SshLine:
     """For ``Include``: the files it named, parsed, in glob order."""
     spelled: str = ""
     """The keyword as written, for messages."""
+    user_config: bool = True
+    """From a user file (``~/.ssh/config``, ``-F``, their Includes), not the system one: ssh
+    keeps the same IdentityFile from both."""
 
     @property
     def where(self) -> str:
@@ -156,12 +167,28 @@ IncludeReader = Callable[[str, str], Sequence[tuple[str, str]]]
 """``(glob pattern, including file)`` -> ``[(path, text), ...]``."""
 
 
+def _trim_line(raw: str) -> str:
+    """Trailing white space and form feeds off, as ``process_config_line`` strips them: never
+    the first character (a line of one form feed stays, and ssh complains about it)."""
+    return raw[:1] + raw[1:].rstrip(WHITESPACE + "\f")
+
+
+def _no_value(keyword: str) -> str:
+    if keyword.startswith("\ufeff"):
+        return (
+            "the file starts with a UTF-8 byte order mark, which ssh refuses too (save the file "
+            "without it)"
+        )
+    if not keyword.isprintable():
+        return f"a stray {show_value(keyword)} on the line, which ssh refuses too (remove it)"
+    return f"no value after {show_value(keyword)} (give one)"
+
+
 def parse_config_text(
     text: str,
     *,
     source: str,
     user_config: bool = True,
-    home: str = "~",
     read_include: IncludeReader | None = None,
     _depth: int = 0,
 ) -> ConfigFile:
@@ -173,28 +200,27 @@ def parse_config_text(
         )
     lines: list[SshLine] = []
     for number, raw in enumerate(text.split("\n"), start=1):
-        line = raw.rstrip(WHITESPACE + "\f")
+        line = _trim_line(raw)
         where = f"{plain_text(source)} line {number}"
+        # an unbalanced quote in the keyword: ssh skips the line, without a word
         first = strdelim(line)
         if first is None:
-            raise ConfigError(f'{where}: unbalanced " quote (close it)')
+            continue
         keyword, rest = first
         if not keyword:
             nxt = strdelim(rest)
             if nxt is None:
-                raise ConfigError(f'{where}: unbalanced " quote (close it)')
+                continue
             keyword, rest = nxt
         if not keyword or keyword.startswith("#"):
             continue
-        if _CONTROL_RE.search(line):
-            raise ConfigError(f"{where}: the line contains a control character (remove it)")
         rest = rest.lstrip(WHITESPACE)
         if not rest:
-            raise ConfigError(f"{where}: no value after {show_value(keyword)} (give one)")
+            raise ConfigError(f"{where}: {_no_value(keyword)}")
         args = _argv_split(rest)
         if args is None:
             raise ConfigError(f"{where}: unbalanced quote in {show_value(keyword)} (close it)")
-        lowered = keyword.lower()
+        lowered = ascii_lower(keyword)
         includes: tuple[ConfigFile, ...] = ()
         if lowered == "include" and read_include is not None:
             includes = tuple(
@@ -202,18 +228,21 @@ def parse_config_text(
                     sub_text,
                     source=sub_source,
                     user_config=user_config,
-                    home=home,
                     read_include=read_include,
                     _depth=_depth + 1,
                 )
-                for pattern in _include_patterns(args, user_config, home, where)
+                for pattern in _include_patterns(args, user_config, where)
                 for sub_source, sub_text in read_include(pattern, source)
             )
-        lines.append(SshLine(lowered, tuple(args), rest, source, number, includes, keyword))
+        lines.append(
+            SshLine(lowered, tuple(args), rest, source, number, includes, keyword, user_config)
+        )
     return ConfigFile(source, tuple(lines), user_config)
 
 
-def _include_patterns(args: Sequence[str], user_config: bool, home: str, where: str) -> list[str]:
+def _include_patterns(args: Sequence[str], user_config: bool, where: str) -> list[str]:
+    """The patterns ssh globs: relative ones under ``~/.ssh/`` (its ``~`` is glob's: $HOME)
+    or ``/etc/ssh/``."""
     patterns = []
     for arg in args:
         if not arg:
@@ -222,10 +251,8 @@ def _include_patterns(args: Sequence[str], user_config: bool, home: str, where: 
             raise ConfigError(
                 f"{where}: Include {show_value(arg)}: '~' is not allowed in the system config"
             )
-        if arg.startswith("~"):
-            arg = home.rstrip("/") + arg[1:] if arg == "~" or arg.startswith("~/") else arg
-        elif not arg.startswith("/"):
-            arg = (f"{home.rstrip('/')}/.ssh/" if user_config else "/etc/ssh/") + arg
+        if not arg.startswith(("/", "~")):
+            arg = ("~/.ssh/" if user_config else "/etc/ssh/") + arg
         patterns.append(arg)
     return patterns
 
@@ -235,15 +262,14 @@ def _read_config_bytes(path: str, check_permissions: bool) -> str | None:
     try:
         with open(path, "rb") as handle:
             info = os.fstat(handle.fileno())
-            if stat.S_ISDIR(info.st_mode):
-                return ""
-            if check_permissions and (
-                (info.st_uid not in (0, os.getuid())) or info.st_mode & 0o022
-            ):
+            if check_permissions and not secure_permissions(info, os.getuid()):
                 raise ConfigError(
                     f"{plain_text(path)}: bad owner or permissions (ssh refuses it too; make it "
-                    "yours and not writable by group or others: chmod go-w)"
+                    "yours and not writable by others, nor by a group that holds anybody else: "
+                    "chmod go-w)"
                 )
+            if stat.S_ISDIR(info.st_mode):
+                return ""  # ssh opens a directory and reads no line from it
             data = handle.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
         return None
@@ -258,30 +284,33 @@ def _read_config_bytes(path: str, check_permissions: bool) -> str | None:
         raise ConfigError(
             f"{plain_text(path)}: larger than {MAX_CONFIG_BYTES} bytes, not an ssh config"
         )
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        raise ConfigError(
-            f"{plain_text(path)}: not valid UTF-8 at byte {err.start} (save it as UTF-8)"
-        ) from None
-
-
-def _glob_include(pattern: str, _including: str) -> list[tuple[str, str]]:
-    out = []
-    for path in sorted(glob.glob(pattern)):
-        text = _read_config_bytes(path, check_permissions=True)
-        if text is not None:
-            out.append((path, text))
-    return out
+    return data.decode("utf-8", "surrogateescape")
 
 
 def read_config_file(
-    path: Path, *, home: str, user_config: bool = True, check_permissions: bool = False
+    path: Path,
+    *,
+    environ: Mapping[str, str] | None = None,
+    user_config: bool = True,
+    check_permissions: bool = False,
 ) -> ConfigFile | None:
-    """Read and parse one config file with its Includes; ``None`` if it does not exist."""
+    """Read and parse one config file with its Includes; ``None`` if it does not exist.
+
+    ``environ`` (default: this process's) gives the ``$HOME`` that ``~`` means in an Include,
+    as glob(3) reads it for ssh; included files are always checked as ssh checks them."""
+    home = glob_home(os.environ if environ is None else environ)
+
+    def read_include(pattern: str, _including: str) -> list[tuple[str, str]]:
+        out = []
+        for found in include_glob(pattern, home):
+            text = _read_config_bytes(found, check_permissions=True)
+            if text is not None:
+                out.append((found, text))
+        return out
+
     text = _read_config_bytes(str(path), check_permissions)
     if text is None:
         return None
     return parse_config_text(
-        text, source=str(path), user_config=user_config, home=home, read_include=_glob_include
+        text, source=str(path), user_config=user_config, read_include=read_include
     )

@@ -3,10 +3,16 @@ of OpenSSH 9.2 decides (the lines themselves come from :mod:`ssh_scheduler.machi
 
 Every line is processed in order; ``Host`` and ``Match`` switch the following lines on or off;
 the first value obtained for a keyword wins, except ``IdentityFile``/``CertificateFile`` which
-accumulate.  ``Host`` patterns are matched case-sensitively against the name as typed; ``Match
-host``/``originalhost`` lower-case both sides, ``Match user``/``localuser`` do not.  Every line is
-checked whether it applies or not: an unknown keyword is an error unless it matches
-``IgnoreUnknown``, and the keywords used here have their values checked as ssh does.
+accumulate (distinct ones, at most 100).  Patterns match the bytes of the UTF-8 text, as ssh
+matches its C strings; ``Host`` patterns are matched case-sensitively against the name as typed;
+``Match host``/``originalhost`` lower-case both sides, ``Match user``/``localuser`` do not; all
+lower-casing is ASCII only.  Every line is checked whether it applies or not: an unknown keyword
+is an error unless it matches ``IgnoreUnknown``, and the keywords used here have their values
+checked as ssh does (a missing or empty value, extra values, at most 32 known-hosts files).
+
+A value we use must be UTF-8 text without control characters: ssh would take such bytes as they
+are, we refuse them in one line (elsewhere in the file, in comments or in lines that do not
+apply, they are left alone, as ssh leaves them).
 
 Refused with one line naming the file, line and keyword, because ``ssh`` would need something we
 cannot reproduce exactly: ``Match exec`` (when it would run), ``Match canonical``/``final`` and
@@ -22,44 +28,67 @@ from dataclasses import dataclass, field
 
 from ssh_scheduler.errors import ConfigError, show_value
 from ssh_scheduler.machines.ssh_config import KEYWORDS, WHITESPACE, ConfigFile, SshLine, strdelim
-from ssh_scheduler.machines.ssh_tokens import (
-    JumpHop,
-    a2port,
-    convtime,
-    parse_jump,
-    percent_dollar_expand,
-)
+from ssh_scheduler.machines.ssh_jump import JumpHop, parse_jump, trim_jump
+from ssh_scheduler.machines.ssh_tokens import a2port, ascii_lower, convtime, percent_dollar_expand
 
 __all__ = ["Evaluated", "evaluate", "jump_hops", "match_pattern", "match_pattern_list"]
 
 _ALIASES = {"identityfile2": "identityfile"}
-_ONE_ARG = frozenset({"hostname", "user", "hostkeyalias", "ignoreunknown", "port", "identityfile"})
+_STRINGS = frozenset({"hostname", "user", "hostkeyalias", "ignoreunknown"})
+"""``parse_string``: one value, not empty."""
 _FILE_LISTS = frozenset({"userknownhostsfile", "globalknownhostsfile"})
 _ACCUMULATE = frozenset({"identityfile", "certificatefile"})
-_CANONICALIZE = {"yes": True, "true": True, "always": True, "no": False, "false": False}
+_MULTISTATE = {
+    "canonicalizehostname": ("yes", "no", "true", "false", "always"),
+    "addressfamily": ("any", "inet", "inet6"),
+}
+_ONE_VALUE = _STRINGS | _ACCUMULATE | {"port", "connecttimeout", "forwardagent"} | set(_MULTISTATE)
+_CANONICALIZE_ON = ("yes", "true", "always")
+MAX_FILES = 100
+"""``SSH_MAX_IDENTITY_FILES`` and ``SSH_MAX_CERTIFICATE_FILES``."""
+MAX_HOSTS_FILES = 32
+"""``SSH_MAX_HOSTS_FILES``: entries of one ``UserKnownHostsFile``/``GlobalKnownHostsFile``."""
+MAX_SUBPATTERN = 1023
+"""Bytes of one pattern of a list; a longer one makes ``match_pattern_list`` say no match."""
+_CONTROL_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+_NOT_UTF8_RE = re.compile(r"[\udc80-\udcff]")
+"""A byte that was not UTF-8, as ``surrogateescape`` decoding keeps it."""
 
 
 @functools.lru_cache(maxsize=4096)
-def _pattern_regex(pattern: str) -> re.Pattern[str]:
-    parts = ["(?s)"]
-    parts.extend(".*" if ch == "*" else "." if ch == "?" else re.escape(ch) for ch in pattern)
-    return re.compile("".join(parts))
+def _pattern_regex(pattern: bytes) -> re.Pattern[bytes]:
+    parts = [b"(?s)"]
+    for byte in pattern:
+        char = bytes([byte])
+        parts.append(b".*" if char == b"*" else b"." if char == b"?" else re.escape(char))
+    return re.compile(b"".join(parts))
+
+
+def _bytes(text: str) -> bytes:
+    return text.encode("utf-8", "surrogateescape")
 
 
 def match_pattern(text: str, pattern: str) -> bool:
-    """``match_pattern``: ``*`` and ``?`` only, case-sensitive."""
-    return _pattern_regex(pattern).fullmatch(text) is not None
+    """``match_pattern``: ``*`` and ``?`` only, case-sensitive, over bytes (``?`` is one byte)."""
+    return _pattern_regex(_bytes(pattern)).fullmatch(_bytes(text)) is not None
 
 
 def match_pattern_list(text: str, patterns: str, lower: bool) -> int:
-    """``match_pattern_list``: 1 matched, -1 matched a negated pattern, 0 no match."""
+    """``match_pattern_list``: 1 matched, -1 matched a negated pattern, 0 no match (also when a
+    pattern is longer than ``MAX_SUBPATTERN`` bytes); ``lower`` folds the patterns (ASCII)."""
+    subject, raw = _bytes(text), _bytes(patterns)
     found = 0
-    for sub in patterns.split(","):
-        negated = sub.startswith("!")
-        body = sub[1:] if negated else sub
-        if lower:
-            body = body.lower()
-        if match_pattern(text, body):
+    i = 0
+    while i < len(raw):
+        negated = raw[i : i + 1] == b"!"
+        i += negated
+        end = raw.find(b",", i)
+        end = len(raw) if end == -1 else end
+        sub = raw[i:end]
+        if len(sub) >= MAX_SUBPATTERN:
+            return 0
+        i = end + 1
+        if _pattern_regex(sub.lower() if lower else sub).fullmatch(subject) is not None:
             if negated:
                 return -1
             found = 1
@@ -72,6 +101,7 @@ class Evaluated:
 
     first: dict[str, SshLine] = field(default_factory=dict)
     identity_files: list[SshLine] = field(default_factory=list)
+    """Distinct ones, in order (the same text from a user and a system file counts twice)."""
     jump: tuple[str, SshLine] | None = None
     """The ProxyJump value (``none`` included) and its line."""
     proxy_command: tuple[str, SshLine] | None = None
@@ -91,6 +121,7 @@ class _State:
     preset_user: str | None
     preset_port: int | None
     ignore_unknown: str | None = None
+    seen_files: dict[str, set[tuple[bool, str]]] = field(default_factory=dict)
 
 
 def _refuse(line: SshLine, what: str) -> ConfigError:
@@ -120,7 +151,7 @@ def _match(line: SshLine, state: _State) -> bool:
         if not attrib or attrib.startswith("#"):
             break
         negate = attrib.startswith("!")
-        name = attrib[1:].lower() if negate else attrib.lower()
+        name = ascii_lower(attrib[1:] if negate else attrib)
         if name == "all":
             after = strdelim(rest) if rest else None
             if attributes > 1 or (after is not None and after[0] and not after[0].startswith("#")):
@@ -145,10 +176,10 @@ def _match(line: SshLine, state: _State) -> bool:
                     "use Match host, originalhost, user or localuser)",
                 )
             continue
-        if name == "host":
-            hit = match_pattern_list(_current_host(state).lower(), arg, True) == 1
+        if name == "host":  # match_hostname: the host lower-cased, the patterns too
+            hit = match_pattern_list(ascii_lower(_current_host(state)), arg, True) == 1
         elif name == "originalhost":
-            hit = match_pattern_list(state.host_arg.lower(), arg, True) == 1
+            hit = match_pattern_list(ascii_lower(state.host_arg), arg, True) == 1
         elif name == "user":
             user = state.result.value("user") or state.local_user
             hit = match_pattern_list(user, arg, False) == 1
@@ -182,24 +213,94 @@ def _host_line(line: SshLine, host: str) -> tuple[bool, bool]:
 def _check_values(line: SshLine, keyword: str) -> None:
     """The value checks ssh makes on every line, applied or not, for the keywords we use."""
     args = line.args
-    if keyword in _ONE_ARG and len(args) > 1:
-        raise _refuse(line, f"{keyword} takes one value, got {len(args)} (ssh refuses this too)")
+    name = line.spelled
+    if keyword in _ONE_VALUE and (not args or not args[0]):
+        # "User # nobody" and User "" alike: ssh says "Missing argument"
+        raise _refuse(
+            line,
+            f"{name} has no value (ssh refuses this too; give one, and quote a value that "
+            "starts with '#')",
+        )
+    if keyword in _ONE_VALUE and len(args) > 1:
+        raise _refuse(
+            line,
+            f"{keyword} takes one value, got {len(args)} (ssh refuses this too; quote a value "
+            "with spaces)",
+        )
     if keyword == "port" and a2port(args[0]) <= 0:
         raise _refuse(line, f"Port {show_value(args[0])} is not a port number or service name")
     if keyword in _FILE_LISTS:
         if any(not a for a in args):
             raise _refuse(line, f"{keyword} has an empty argument")
-        if any(a.lower() == "none" for a in args) and len(args) > 1:
+        if any(ascii_lower(a) == "none" for a in args) and len(args) > 1:
             raise _refuse(line, f"{keyword} 'none' must appear alone")
     if keyword == "connecttimeout" and args[0] != "none" and convtime(args[0]) < 0:
         raise _refuse(line, f"ConnectTimeout {show_value(args[0])} is not a time (like 10 or 1m)")
-    if keyword == "canonicalizehostname" and args[0].lower() not in _CANONICALIZE:
-        raise _refuse(line, f"CanonicalizeHostname {show_value(args[0])} is not yes, no or always")
+    if keyword in _MULTISTATE and ascii_lower(args[0]) not in _MULTISTATE[keyword]:
+        allowed = ", ".join(_MULTISTATE[keyword])
+        raise _refuse(line, f"{name} {show_value(args[0])} is not one of {allowed}")
     if keyword == "proxyjump":
         try:
             parse_jump(line.rest.lstrip(WHITESPACE + "="))
         except ValueError as err:
-            raise _refuse(line, f"invalid ProxyJump: {err}") from None
+            raise _refuse(
+                line,
+                f"invalid ProxyJump: {err} (ssh refuses it too; write [user@]host[:port] or "
+                "ssh://[user@]host[:port], hops separated by commas)",
+            ) from None
+
+
+def _check_usable(line: SshLine, values: Sequence[str]) -> None:
+    """A value we use: UTF-8 text without control characters (ssh would use the bytes)."""
+    for value in values:
+        if _NOT_UTF8_RE.search(value):
+            raise _refuse(
+                line,
+                f"{line.spelled}: a value with bytes that are not UTF-8 is not supported "
+                "(save the file as UTF-8)",
+            )
+        if _CONTROL_RE.search(value):
+            raise _refuse(
+                line,
+                f"{line.spelled}: a control character in the value is not supported (remove it)",
+            )
+
+
+def _add_file(line: SshLine, keyword: str, state: _State) -> None:
+    """``add_identity_file``/``add_certificate_file``: distinct ones only (per user or system
+    file), and an error once 100 are there, even for a repeated one."""
+    seen = state.seen_files.setdefault(keyword, set())
+    if len(seen) >= MAX_FILES:
+        raise _refuse(
+            line,
+            f"more than {MAX_FILES} {line.spelled} lines apply (ssh refuses this too; "
+            "remove some)",
+        )
+    key = (line.user_config, line.args[0])
+    if key in seen:
+        return
+    seen.add(key)
+    if keyword == "identityfile":  # certificates are only counted: we do not use them
+        _check_usable(line, line.args)
+        state.result.identity_files.append(line)
+
+
+def _unknown_keyword(spelled: str) -> str:
+    if spelled.startswith("\ufeff"):
+        return (
+            f"unknown keyword {show_value(spelled)}: the file starts with a UTF-8 byte order "
+            "mark, which ssh refuses too (save the file without it)"
+        )
+    odd = next((ch for ch in spelled if not ch.isascii()), None)
+    if odd is not None:
+        return (
+            f"unknown keyword {show_value(spelled)}: it has the non-ASCII character "
+            f"{show_value(odd)} (U+{ord(odd):04X}), which ssh refuses too (type it in ASCII)"
+        )
+    return (
+        f"unknown keyword {show_value(spelled)} (ssh refuses it too; fix the spelling, or list "
+        "it in IgnoreUnknown)"
+    )
 
 
 def _apply(line: SshLine, state: _State, active: bool) -> None:
@@ -208,11 +309,7 @@ def _apply(line: SshLine, state: _State, active: bool) -> None:
         ignored = state.ignore_unknown
         if ignored is not None and match_pattern_list(keyword, ignored, True) == 1:
             return
-        raise _refuse(
-            line,
-            f"unknown keyword {show_value(line.spelled)} (ssh refuses it too; fix the "
-            "spelling, or list it in IgnoreUnknown)",
-        )
+        raise _refuse(line, _unknown_keyword(line.spelled))
     _check_values(line, keyword)
     if not active:
         return
@@ -220,24 +317,37 @@ def _apply(line: SshLine, state: _State, active: bool) -> None:
     if keyword == "ignoreunknown" and state.ignore_unknown is None:
         state.ignore_unknown = line.args[0]
     if keyword in _ACCUMULATE:
-        if keyword == "identityfile":
-            result.identity_files.append(line)
+        _add_file(line, keyword, state)
         return
     if keyword == "proxyjump":
         value = line.rest.lstrip(WHITESPACE + "=")
         if result.proxy_command is None and result.jump is None:
+            _check_usable(line, [trim_jump(value)])
             result.jump = (value, line)
         return
     if keyword == "proxycommand":
-        jump_real = result.jump is not None and result.jump[0].lower() != "none"
+        jump_real = result.jump is not None and ascii_lower(result.jump[0]) != "none"
         if result.proxy_command is None and not jump_real:
-            result.proxy_command = (line.rest.lstrip(WHITESPACE + "="), line)
+            value = line.rest.lstrip(WHITESPACE + "=")
+            _check_usable(line, [value])
+            result.proxy_command = (value, line)
         return
     if keyword == "user" and state.preset_user is not None:
         return
     if keyword == "port" and state.preset_port is not None:
         return
-    result.first.setdefault(keyword, line)
+    if keyword in _FILE_LISTS:
+        if not line.args or keyword in result.first:
+            return  # "UserKnownHostsFile # later" sets nothing
+        if len(line.args) > MAX_HOSTS_FILES:
+            raise _refuse(
+                line,
+                f"{line.spelled} names {len(line.args)} files, more than ssh's limit of "
+                f"{MAX_HOSTS_FILES} (ssh refuses this too; remove some)",
+            )
+    if keyword not in result.first:
+        _check_usable(line, line.args)
+        result.first[keyword] = line
 
 
 def _walk(config: ConfigFile, state: _State, active: list[bool], never: bool) -> None:
@@ -249,7 +359,9 @@ def _walk(config: ConfigFile, state: _State, active: list[bool], never: bool) ->
         elif line.keyword == "match":
             hit = _match(line, state)
             active[0] = hit and not never
-            state.result.matched_literal |= active[0] and [a.lower() for a in line.args] != ["all"]
+            state.result.matched_literal |= active[0] and [
+                ascii_lower(a) for a in line.args
+            ] != ["all"]
         elif line.keyword == "include":
             outer = active[0]
             for sub in line.includes:
@@ -284,7 +396,7 @@ def evaluate(
     for config in configs:
         _walk(config, state, [True], False)
     line = result.first.get("canonicalizehostname")
-    if line is not None and _CANONICALIZE[line.args[0].lower()]:
+    if line is not None and ascii_lower(line.args[0]) in _CANONICALIZE_ON:
         raise _refuse(
             line,
             "CanonicalizeHostname is not supported (it rewrites host names through DNS; write "

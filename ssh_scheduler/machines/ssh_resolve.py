@@ -1,8 +1,10 @@
 """From the ssh config lines that apply to a host to the values ``ssh`` would connect with.
 
 This is the part of ``ssh.c`` after the config files are read: ``HostName`` with ``%h``, the
-lower-cased host name, the account's user, ``Port`` (service names too), and the ``~``/``%``/
-``${}`` expansion of ``IdentityFile``, ``UserKnownHostsFile`` and ``ProxyCommand``.
+host name lower-cased (ASCII) or, for an address, written as the C library writes it, the
+account's user, ``Port`` (service names too), the lower-cased ``HostKeyAlias``, and the
+``~``/``%``/``${}`` expansion of ``IdentityFile`` (as ``load_public_identity_files`` does it when
+connecting), ``UserKnownHostsFile`` and ``ProxyCommand``.
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ from dataclasses import dataclass
 from ssh_scheduler.errors import ConfigError, show_value
 from ssh_scheduler.machines.ssh_config import ConfigFile, SshLine
 from ssh_scheduler.machines.ssh_evaluate import Evaluated, evaluate, jump_hops
+from ssh_scheduler.machines.ssh_jump import JumpHop, jump_text
 from ssh_scheduler.machines.ssh_tokens import (
-    JumpHop,
     LocalAccount,
     a2port,
+    ascii_lower,
+    canonical_host,
     connection_tokens,
     convtime,
-    is_address,
     percent_dollar_expand,
     tilde_expand,
 )
@@ -40,9 +43,11 @@ class SshHost:
     user: str
     port: int
     identity_files: tuple[str, ...]
-    """As ``ssh -G`` prints them (unexpanded, duplicates dropped); empty: none configured."""
+    """As ``ssh -G`` prints them (unexpanded, duplicates dropped); empty: none configured
+    (ssh then tries its default keys)."""
     identity_paths: tuple[str, ...]
-    """The same, ``~``/``%``/``${}`` expanded and made absolute."""
+    """The same without ``none``, ``~``/``%``/``${}`` expanded and made absolute: the files
+    ssh tries."""
     known_hosts: tuple[str, ...] | None
     """Expanded ``UserKnownHostsFile``; ``None``: not configured; ``()``: ``none``."""
     proxy_jump: str | None
@@ -53,6 +58,7 @@ class SshHost:
     proxy_command_expanded: str | None
     """``exec <command>`` with ``%h %k %n %p %r`` expanded, as ssh runs it with ``$SHELL -c``."""
     host_key_alias: str | None
+    """Lower-cased, as ssh uses it."""
     forward_agent: bool | None
     connect_timeout: int | None
     found: bool
@@ -106,12 +112,12 @@ def resolve_host(
     hostname_line = ev.first.get("hostname")
     if hostname_line is not None:
         host = _expand(hostname_line, hostname_line.args[0], {"h": host_arg}, None, None)
-    if not is_address(host):
-        host = host.lower()
+    host = canonical_host(host, ev.value("addressfamily"))
     user = ev.value("user") or account.user
     port_text = ev.value("port")
     port = a2port(port_text) if port_text is not None else DEFAULT_SSH_PORT
-    key_alias = ev.value("hostkeyalias")
+    alias_text = ev.value("hostkeyalias")
+    key_alias = ascii_lower(alias_text) if alias_text is not None else None
     tokens = connection_tokens(
         account, host=host, original_host=host_arg, port=port, user=user, key_alias=key_alias
     )
@@ -121,16 +127,16 @@ def resolve_host(
     if ev.identity_files:
         where["identityfile"] = ev.identity_files[0].where
     for line in ev.identity_files:
-        if line.args[0] in raw_files:
-            continue
         raw_files.append(line.args[0])
+        if ascii_lower(line.args[0]) == "none":  # a placeholder, skipped when connecting
+            continue
         expanded = _expand(line, line.args[0], tokens, env, account, at_connect=True)
         paths.append(os.path.abspath(expanded))
 
     known: tuple[str, ...] | None = None
     known_line = ev.first.get("userknownhostsfile")
     if known_line is not None:
-        if [a.lower() for a in known_line.args] == ["none"]:
+        if [ascii_lower(a) for a in known_line.args] == ["none"]:
             known = ()
         else:
             known = tuple(
@@ -149,11 +155,11 @@ def resolve_host(
             f"{jump_line.where}: ProxyJump loop via {hops[-1].text} (the jump host is the host "
             "itself; ssh refuses this too)"
         )
-    proxy_jump = _jump_text(ev.jump[0], hops[-1]) if ev.jump is not None and hops else None
+    proxy_jump = jump_text(ev.jump[0], hops[-1]) if ev.jump is not None and hops else None
     if jump_line is not None:
         where["proxyjump"] = jump_line.where
     proxy_command = proxy_expanded = None
-    if ev.proxy_command is not None and ev.proxy_command[0].lower() != "none" and not hops:
+    if ev.proxy_command is not None and ascii_lower(ev.proxy_command[0]) != "none" and not hops:
         proxy_command, line = ev.proxy_command
         where["proxycommand"] = line.where
         proxy_tokens = {
@@ -187,22 +193,11 @@ def resolve_host(
     )
 
 
-def _jump_text(value: str, last: JumpHop) -> str:
-    """ProxyJump as ``ssh -G`` shows it: the earlier hops as written, the last one normalized."""
-    value = value.split("#", 1)[0].rstrip()
-    extra = value.rpartition(",")[0]
-    host = f"[{last.host}]" if ":" in last.host else last.host
-    text = (f"{last.user}@" if last.user is not None else "") + host
-    if last.port is not None:
-        text += f":{last.port}"
-    return f"{extra},{text}" if extra else text
-
-
 def _forward_agent(ev: Evaluated) -> bool | None:
     line = ev.first.get("forwardagent")
     if line is None:
         return None
-    value = line.args[0].lower()
+    value = ascii_lower(line.args[0])
     if value in ("yes", "true"):
         return True
     if value in ("no", "false"):

@@ -2,29 +2,30 @@
 
 Each function mirrors one OpenSSH helper (named in its docstring) so that a value means the same
 here as in ``ssh``: ``~`` and ``%``/``${}`` expansion, ports (numbers or service names), time
-values, and ``ProxyJump`` hops.  Errors raise :class:`ValueError` with a short reason; the
+values, ASCII-only case folding and the address forms ``ssh`` rewrites (``ProxyJump`` hops are
+:mod:`ssh_scheduler.machines.ssh_jump`).  Errors raise :class:`ValueError` with a short reason; the
 caller adds the file, line and keyword.
 """
 
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import os
 import pwd
 import re
 import socket
+import string
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = [
-    "JumpHop",
     "LocalAccount",
     "a2port",
+    "ascii_lower",
+    "canonical_host",
+    "connection_tokens",
     "convtime",
     "current_account",
-    "is_address",
-    "parse_jump",
     "percent_dollar_expand",
     "tilde_expand",
 ]
@@ -40,6 +41,15 @@ class LocalAccount:
     uid: int
     hostname: str
     """The local host name, for ``%l``/``%L``/``%C``."""
+
+
+_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
+
+
+def ascii_lower(text: str) -> str:
+    """``lowercase``/``strcasecmp`` as ssh runs them (C's ``tolower``): A-Z only, so ``Ä`` and
+    the Kelvin sign stay as they are, where ``str.lower`` would fold them."""
+    return text.translate(_ASCII_LOWER)
 
 
 def current_account() -> LocalAccount:
@@ -130,7 +140,8 @@ def percent_dollar_expand(
     return "".join(out)
 
 
-_NUMBER = re.compile(r"[ \t]*[+-]?[0-9]+")
+_NUMBER = re.compile(r"[ \t\n\v\f\r]*[+-]?[0-9]+")
+"""What ``strtonum`` takes: ``strtoll``'s leading white space and sign, then decimal digits."""
 
 
 def a2port(text: str) -> int:
@@ -165,79 +176,48 @@ def convtime(text: str) -> int:
     return total
 
 
-def is_address(host: str) -> bool:
-    """An IPv4/IPv6 literal, which ``ssh`` leaves as written instead of lower-casing it."""
+_ADDRESS_FAMILIES = {"inet": socket.AF_INET, "inet6": socket.AF_INET6}
+
+
+def _numeric_address(name: str, family: int) -> str | None:
+    """``resolve_addr``: ``name`` as ``getnameinfo(NI_NUMERICHOST)`` writes it when
+    ``getaddrinfo(AI_NUMERICHOST)`` reads it as exactly one address, else None.  The C library
+    decides, as in ssh: ``10.1`` is 10.0.0.1, ``010`` is octal, ``fe80::1%1`` names lo."""
     try:
-        ipaddress.ip_address(host.partition("%")[0])
-    except ValueError:
-        return False
-    return True
+        # bytes, so that Python does not IDNA-encode the name on the way
+        infos = socket.getaddrinfo(
+            name.encode("utf-8", "surrogateescape"),
+            "22",
+            family,
+            socket.SOCK_STREAM,
+            0,
+            socket.AI_NUMERICHOST | socket.AI_NUMERICSERV,
+        )
+        if len(infos) != 1:
+            return None
+        address, _ = socket.getnameinfo(
+            infos[0][4], socket.NI_NUMERICHOST | socket.NI_NUMERICSERV
+        )
+    except (OSError, UnicodeError, ValueError):
+        return None
+    return address
 
 
-@dataclass(frozen=True, slots=True)
-class JumpHop:
-    user: str | None
-    host: str
-    port: int | None
-    text: str
-    """The hop as written (for messages)."""
-
-
-def _host_and_port(text: str) -> tuple[str, int | None]:
-    """``hpdelim`` + ``cleanhostname`` + ``a2port``."""
-    if text.startswith("["):
-        close = text.find("]")
-        if close == -1:
-            raise ValueError("'[' without ']'")
-        host, tail = text[1:close], text[close + 1 :]
-        if tail and tail[0] not in ":/":
-            raise ValueError(f"unexpected {tail!r} after ']'")
-        rest = tail[1:] if tail else None
-    else:
-        cut = min((i for i in (text.find(":"), text.find("/")) if i != -1), default=-1)
-        host, rest = (text, None) if cut == -1 else (text[:cut], text[cut + 1 :])
-    if not host:
-        raise ValueError("no host")
-    if not rest:  # "jump:" is the host without a port, as in ssh
-        return host, None
-    port = a2port(rest)
-    if port <= 0:
-        raise ValueError(f"bad port {rest!r}")
-    return host, port
-
-
-def _parse_hop(text: str) -> JumpHop:
-    """``parse_ssh_uri`` then ``parse_user_host_port``."""
-    body = text
-    if text[:6].lower() == "ssh://":
-        body = text[6:]
-        if body.endswith("/"):
-            body = body[:-1]
-        if "/" in body:
-            raise ValueError("an ssh:// address has no path")
-        user, at, hostport = body.rpartition("@")
-        if at and (not user or ";" in user):
-            raise ValueError("bad user in the ssh:// address")
-        host, port = _host_and_port(hostport)
-        return JumpHop(user if at else None, host, port, text)
-    user, at, hostport = body.rpartition("@")
-    host, port = _host_and_port(hostport)
-    return JumpHop(user if at else None, host, port, text)
-
-
-def parse_jump(text: str) -> tuple[JumpHop, ...]:
-    """``parse_jump``: ``none`` -> ``()``; else comma-separated ``[user@]host[:port]`` or
-    ``ssh://[user@]host[:port]`` hops, first hop first.  A ``#`` starts a comment."""
-    if text.lower() == "none":  # before the comment is cut: "none # x" is a host "none"
-        return ()
-    value = text.split("#", 1)[0].rstrip()
-    hops = []
-    for part in value.split(","):
-        try:
-            hops.append(_parse_hop(part))
-        except ValueError as err:
-            raise ValueError(f"hop {part!r}: {err}") from None
-    return tuple(hops)
+def canonical_host(host: str, address_family: str | None) -> str:
+    """The host name ``ssh`` connects to and shows after ``HostName`` (``ssh.c`` main):
+    names are lower-cased (ASCII only, as C's ``tolower``); what ``is_addr`` takes for an
+    address is kept as written, or rewritten the way ``resolve_canonicalize`` writes it
+    (``2001:db8:0:0:0:0:0:1`` -> ``2001:db8::1``, ``192.168.001.010`` -> ``192.168.1.8``)
+    unless that differs only in case.  ``address_family`` is the ``AddressFamily`` value."""
+    family = _ADDRESS_FAMILIES.get(ascii_lower(address_family or ""), socket.AF_UNSPEC)
+    # is_addr_fast: anything with '%' or ':', or only digits and dots, counts as an address
+    looks_numeric = "%" in host or ":" in host or not host.strip("0123456789.")
+    numeric = _numeric_address(host, family)
+    if not looks_numeric and numeric is None:
+        return ascii_lower(host)
+    if numeric is not None and ascii_lower(numeric) != ascii_lower(host):
+        return numeric
+    return host
 
 
 def environment() -> Mapping[str, str]:

@@ -122,6 +122,10 @@ class PlanOptions:
     """Seconds between a host's periodic probes (``--probe-interval``)."""
     probe_gap: float = 1.0
     """The shortest time between a host's probes asked for by job ends."""
+    probe_held_max: float = 8.0
+    """The longest time between probes of a host whose GPUs other users hold while a job waits
+    for a GPU (the wait doubles from ``probe_gap`` up to this, see
+    :mod:`~ssh_scheduler.planner.probe_schedule`)."""
     copy_backs_per_host: int = 32
     """Copy-backs in flight on one host beyond which it starts no new job: a job's room is free
     at its exit, so thousands of short jobs could otherwise pile up commits (and their disk and

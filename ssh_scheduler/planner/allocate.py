@@ -225,6 +225,13 @@ class MachineResources:
         )
 
     @property
+    def gpus_held_by_others(self) -> tuple[int, ...]:
+        """The indices of the GPUs other users held at the last probe (a process on it, or
+        memory none of our running jobs accounts for): what a later probe may find freed."""
+        gpus = self._state.gpus
+        return tuple(gpus[position].index for position in self._gpus.held_by_others)
+
+    @property
     def gpu_free_memory_mb(self) -> tuple[int, ...]:
         """GPU memory left for new jobs on each GPU, in MiB, in ``state.gpus`` order."""
         return self._gpus.free_memory_mb

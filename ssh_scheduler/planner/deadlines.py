@@ -16,7 +16,7 @@ def next_deadline(state: PlanState) -> float | None:
     """When :func:`tick` next has something to do (a ``--timeout``, a probe), or None."""
     times = []
     if state.began:
-        due = state.probes.next_due(_probe_targets(state), _jobs_waiting(state))
+        due = state.probes.next_due(_probe_targets(state), _jobs_waiting(state), _gpu_jobs_waiting(state))
         if due is not None:
             times.append(due)
     timeout = state.options.timeout
@@ -35,7 +35,8 @@ def tick(state: PlanState, now: float) -> list[Action]:
     """Time passed: kill the jobs past ``--timeout``, probe the hosts that are due."""
     actions: list[Action] = []
     if state.began:
-        actions += [Reprobe(h) for h in state.probes.start_due(_probe_targets(state), _jobs_waiting(state), now)]
+        due = state.probes.start_due(_probe_targets(state), _jobs_waiting(state), now, _gpu_jobs_waiting(state))
+        actions += [Reprobe(h) for h in due]
     timeout = state.options.timeout
     if timeout is None:
         return actions
@@ -58,3 +59,10 @@ def _probe_targets(state: PlanState) -> list[str]:
 def _jobs_waiting(state: PlanState) -> bool:
     """Jobs wait for room (a credit a probe would give could start them)."""
     return not (state.draining or state.paused) and state.queued()
+
+
+def _gpu_jobs_waiting(state: PlanState) -> bool:
+    """A job that needs a GPU waits for room (a GPU another user frees could start it)."""
+    if state.draining or state.paused:
+        return False
+    return any(queue and needs.gpus > 0 for needs, queue in state.queues.items())

@@ -27,6 +27,7 @@ class Gpus:
         "_busy",
         "_capacity",
         "_ghosts",
+        "_held_by_others",
         "_holds",
         "_idle",
         "_jobs",
@@ -62,6 +63,12 @@ class Gpus:
         self._capacity = observed.capacity
         self._others = observed.others
         base = observed.base
+        # Before the ghosts are taken off: what other users hold, not what we still count.
+        self._held_by_others = tuple(
+            position
+            for position, (other, capacity, room) in enumerate(zip(observed.others, observed.capacity, base, strict=True))
+            if other or room < capacity
+        )
         for _generation, ghost_positions, ghost_mb in self._ghosts.values():
             for position, mb in zip(ghost_positions, ghost_mb, strict=True):
                 base[position] -= mb
@@ -198,6 +205,12 @@ class Gpus:
     @property
     def free_memory_mb(self) -> tuple[int, ...]:
         return tuple(self._avail)
+
+    @property
+    def held_by_others(self) -> tuple[int, ...]:
+        """The positions of the GPUs that, at the last probe, another user's process was on
+        or held memory no process of our running jobs accounts for."""
+        return self._held_by_others
 
     def summary(self, state: HostState) -> str:
         """The GPUs for a host's one-line summary: ``GPUs 0:81079/81559 MiB ...``."""

@@ -106,6 +106,7 @@ class Planner:
         self.start = BatchStart(self.state)
         self.halted = False
         self.cancelled = False
+        self.local_failed = False
         self.failures = 0
 
     # -- views ---------------------------------------------------------------------------------
@@ -262,6 +263,7 @@ class Planner:
                     command=slot.job.command,
                     attempt=slot.attempt,
                     slurm_job=slurm_job,
+                    gpu_memory_mb=slot.placement.needs.gpu_memory_mb if slot.placement.gpu_indices else 0,
                 )
             )
         ]
@@ -321,7 +323,7 @@ class Planner:
                     job=job, host=host, command=slot.job.command, code=ended.code,
                     reason=ended.describe(), seconds=seconds, timed_out=ended.timed_out,
                     message=ended.message or "",
-                    bytes_received=bytes_received,
+                    bytes_received=bytes_received, kept=ended.kept_at or "",
                 )
             )
         )
@@ -386,12 +388,12 @@ class Planner:
     ) -> list[Action]:
         """A revived host answered again and was probed."""
         slot = self.hosts[host]
-        self.state.probes.landed(host, now)
         slot.reviving = False
         slot.down = None
         slot.resources = MachineResources(host, state)
         if own:
             slot.resources.update(state, own)
+        self.state.probes.landed(host, now, slot.resources.gpus_held_by_others)
         actions: list[Action] = [Say(HostBack(host=host))]
         # Whatever it still runs for us was requeued elsewhere when it was lost: end it there.
         for name in agent_jobs or ():
@@ -411,6 +413,16 @@ class Planner:
             return [Say(Stopping(how="drain"))]
         self.cancelled = True
         return [Say(Stopping(how="kill")), *self._kill_running("stop"), StopBatch()]
+
+    def local_failure(self, reason: str) -> list[Action]:
+        """Writing on this machine failed (a full disk, the batch's copy-back budget spent): the
+        batch's failure, never a host's.  Nothing new starts (and nothing is retried); running
+        jobs finish, what they cannot bring home stays on their hosts.  Said once."""
+        if self.local_failed:
+            return []
+        self.local_failed = True
+        self.halted = self.state.draining = True
+        return [Say(Stopping(how="halt", reason=f"{reason}; no new jobs start"))]
 
     # -- control from another terminal (ssh-scheduler pause / resume / cancel) ----------------
 

@@ -90,11 +90,11 @@ class BatchStart:
     ) -> list[Action]:
         """A probe of ``host`` landed (see :meth:`~ssh_scheduler.planner.plan.Planner.probe_landed`)."""
         slot = self.state.hosts[host]
-        self.state.probes.landed(host, now)
         if slot.resources is None:
             slot.resources = MachineResources(host, state)
         else:
             slot.resources.update(state, own or {}, generation)
+        self.state.probes.landed(host, now, slot.resources.gpus_held_by_others)
         if slot.answered:
             return dispatch(self.state)
         slot.answered = True
@@ -160,8 +160,14 @@ class BatchStart:
         slot_host = self.state.hosts[host]
         for name, running in jobs.items():
             slot = self.state.jobs.get(name)
-            entry = self.state.resumable.pop(name, None)
-            if slot is None and entry is not None and entry.host == host and self.state.open:
+            entry = self.state.resumable.get(name)
+            if entry is not None and entry.host == host:
+                del self.state.resumable[name]  # this host's to take up, once
+            else:
+                # A claim on a job the journal puts on another host (or on none): ended here,
+                # and the entry stays for the host that really holds it, whenever it answers.
+                entry = None
+            if slot is None and entry is not None and self.state.open:
                 self._adoptable[name] = (host, running, entry)  # its job may join later
                 continue
             if (

@@ -79,7 +79,9 @@ class PlanState:
             {name: HostSlot(name, label) for name, label in hosts},
             {},
             dict(resumable),
-            ProbeSchedule([name for name, _ in hosts], options.probe_interval, options.probe_gap),
+            ProbeSchedule(
+                [name for name, _ in hosts], options.probe_interval, options.probe_gap, options.probe_held_max
+            ),
             done_before=dict(already_done),
         )
         state.add(jobs)

@@ -12,6 +12,7 @@ The merge happens in two phases so that a conflict never leaves DEST half-writte
 Result folders come from other machines, so their content is untrusted: symlinks are never
 followed out of a source, never recreated pointing outside it, and DEST is only ever entered
 through ``O_NOFOLLOW`` directory descriptors, so a symlink planted in DEST is never written through.
+Nothing named ``.git`` is merged: hooks or a config there would run in DEST's git.
 """
 
 from __future__ import annotations
@@ -75,18 +76,21 @@ def combine_folders(
 
     Raises :class:`ConfigError` for unusable arguments and :class:`CombineConflictError` (DEST
     untouched) when the sources disagree.  With ``dry_run`` it prints ``copy SRC/p -> DEST/p``
-    (and ``link DEST/p -> TARGET``) lines through ``out`` and writes nothing.  Each skipped item
+    (and ``link DEST/p -> TARGET``) lines through ``out``, odd characters escaped, and writes
+    nothing.  Each skipped item
     is reported through ``warn`` and in the returned report.
     """
     plan = plan_combine(dest, sources)
     for line in plan.skipped:
         warn(line)
     if dry_run:
+        # Names come from other machines: a control character in one must not reach the
+        # terminal (or split the line); they are escaped as every other message does.
         for copy in plan.copies:
             src = os.path.join(plan.source_labels[copy.source], copy.rel)
-            out(f"copy {src} -> {os.path.join(plan.dest_label, copy.rel)}")
+            out(one_line(f"copy {src} -> {os.path.join(plan.dest_label, copy.rel)}"))
         for link in plan.links:
-            out(f"link {os.path.join(plan.dest_label, link.rel)} -> {link.target}")
+            out(one_line(f"link {os.path.join(plan.dest_label, link.rel)} -> {link.target}"))
         return CombineReport(len(plan.copies), plan.identical, len(plan.links), plan.skipped)
     return _execute(plan, warn)
 

@@ -26,6 +26,7 @@ SPECIAL: Final = 3
 KIND_NAMES: Final = {DIR: "directory", FILE: "file", LINK: "symlink", SPECIAL: "special file"}
 
 MAX_SYMLINK_HOPS: Final = 40  # the kernel's own limit (ELOOP)
+GIT: Final = ".git"
 HASH_CHUNK: Final = 1 << 20
 COPY_CHUNK: Final = 1 << 30
 
@@ -139,11 +140,30 @@ class DestView:
         return self._extra[rel]
 
 
+def _git_part(rel: str) -> int | None:
+    """The index of the first ``.git`` component of ``rel`` (any case: on a case-insensitive
+    file system ``.GIT`` is the same folder), or None."""
+    for index, part in enumerate(rel.split("/")):
+        if part.casefold() == GIT:
+            return index
+    return None
+
+
 def drop_unsafe(tree: dict[str, Entry], lookup: Lookup, label: str, skipped: list[str]) -> None:
-    """Remove special files and symlinks that leave the tree, with one warning line each."""
+    """Remove special files, symlinks that leave the tree and everything named ``.git``, with
+    one warning line each (one per ``.git``, not per file in it)."""
     drop: list[str] = []
     for rel, entry in tree.items():
-        if entry.kind == SPECIAL:
+        git = _git_part(rel)
+        if git is not None:
+            # A source's .git (a folder, or a file naming one) merged into a DEST that is a git
+            # work tree would be DEST's own: hooks/ and config run code at the next git command.
+            if git == rel.count("/"):
+                skipped.append(
+                    one_line(f"skipped {os.path.join(label, rel)}: a .git is never merged (its hooks would run in DEST)")
+                )
+            drop.append(rel)
+        elif entry.kind == SPECIAL:
             what = special_name(entry.mode)
             skipped.append(
                 one_line(

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ssh_scheduler.errors import ConfigError, TransferError, plain_text
 from ssh_scheduler.results.journal import JOURNAL_NAME
+from ssh_scheduler.results.local_folder import local_write_error, open_results_folder
 
 __all__ = ["LOCK_NAME", "hold_results_folder", "refuse_planted_links"]
 
@@ -41,58 +42,65 @@ def _holder(fd: int) -> str:
 
 
 @contextlib.contextmanager
-def hold_results_folder(results: Path, *, create: bool = True) -> Iterator[None]:
-    """Hold ``results`` for this run.  ``create=False`` (a dry run): a folder that does not
-    exist is left uncreated and needs no lock.  A folder made here and left holding nothing but
-    the lock (the run stopped before its first job) is removed again."""
-    made = not results.exists()
-    if create:
-        results.mkdir(parents=True, exist_ok=True)
-    elif not results.is_dir():
-        yield
+def hold_results_folder(results: Path, *, create: bool = True) -> Iterator[int | None]:
+    """Hold ``results`` for this run; yields its verified descriptor
+    (:func:`~ssh_scheduler.results.local_folder.open_results_folder`: a real folder, ours alone),
+    which everything the run writes there is created relative to.  ``create=False`` (a dry
+    run): a folder that does not exist is left uncreated, needs no lock, and yields None.  A
+    folder made here and left holding nothing but the lock (the run stopped before its first
+    job) is removed again."""
+    made = not os.path.lexists(results)
+    if not create and not results.is_dir():
+        yield None
         return
-    path = results / LOCK_NAME
+    folder = open_results_folder(results, create=create)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    except OSError as exc:
-        why = "it is a symlink" if exc.errno == errno.ELOOP else (exc.strerror or str(exc))
-        raise ConfigError(
-            f"cannot open the lock file {plain_text(str(path))}: {why} (remove it, or use another "
-            f"--results-dir)"
-        ) from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ConfigError(f"{plain_text(str(path))} is not a regular file; remove it")
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            fd = os.open(LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=folder)
+        except OSError as exc:
+            why = "it is a symlink" if exc.errno == errno.ELOOP else (exc.strerror or str(exc))
             raise ConfigError(
-                f"{plain_text(str(results))}/ is in use by another run ({_holder(fd)}); wait for "
-                f"it to end, stop it, or use another --results-dir"
+                f"cannot open the lock file {plain_text(str(results / LOCK_NAME))}: {why} (remove it, "
+                f"or use another --results-dir)"
             ) from None
-        mine = {"pid": os.getpid(), "host": socket.gethostname(), "started": round(time.time(), 3)}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(mine).encode() + b"\n", 0)
-        yield
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ConfigError(f"{plain_text(str(results / LOCK_NAME))} is not a regular file; remove it")
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise ConfigError(
+                    f"{plain_text(str(results))}/ is in use by another run ({_holder(fd)}); wait for "
+                    f"it to end, stop it, or use another --results-dir"
+                ) from None
+            mine = {"pid": os.getpid(), "host": socket.gethostname(), "started": round(time.time(), 3)}
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, json.dumps(mine).encode() + b"\n", 0)
+            except OSError as exc:
+                raise local_write_error(exc, results, LOCK_NAME) from None
+            yield folder
+        finally:
+            # The lock file stays (removing it could let two runs hold locks on different files),
+            # unless the run left nothing else in a folder it made (a batch refused once the hosts
+            # answered has opened its journal but written nothing to it).
+            with contextlib.suppress(OSError):
+                if made and _holds_nothing(folder):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(JOURNAL_NAME, dir_fd=folder)
+                    os.unlink(LOCK_NAME, dir_fd=folder)
+                    os.rmdir(results)
+            os.close(fd)  # releases the lock
     finally:
-        # The lock file stays (removing it could let two runs hold locks on different files),
-        # unless the run left nothing else in a folder it made (a batch refused once the hosts
-        # answered has opened its journal but written nothing to it).
-        with contextlib.suppress(OSError):
-            if made and _holds_nothing(results):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(results / JOURNAL_NAME)
-                os.unlink(path)
-                os.rmdir(results)
-        os.close(fd)  # releases the lock
+        os.close(folder)
 
 
-def _holds_nothing(results: Path) -> bool:
+def _holds_nothing(folder: int) -> bool:
     """Only the lock, and at most an empty journal."""
-    names = set(os.listdir(results))
+    names = set(os.listdir(folder))
     if names == {LOCK_NAME}:
         return True
-    return names == {LOCK_NAME, JOURNAL_NAME} and (results / JOURNAL_NAME).stat().st_size == 0
+    return names == {LOCK_NAME, JOURNAL_NAME} and os.stat(JOURNAL_NAME, dir_fd=folder, follow_symlinks=False).st_size == 0
 
 
 def refuse_planted_links(results: Path, names: Iterable[str]) -> None:

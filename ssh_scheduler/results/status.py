@@ -166,7 +166,7 @@ def joblog_lines(status: BatchStatus) -> list[str]:
         start = f"{record.started:.3f}" if record.started is not None else "0"
         rows.append(
             "\t".join(
-                (record.job, record.host, start, f"{runtime:.3f}", "0", str(record.bytes_received),
+                (_tsv(record.job), record.host, start, f"{runtime:.3f}", "0", str(record.bytes_received),
                  str(code if code is not None else -1), str(signal), _tsv(record.command))
             )
         )

@@ -79,7 +79,9 @@ class BatchSummary:
             self.outcomes[event.job] = JobOutcome(event.job, event.host, Ended(0), event.seconds, event.bytes_received)
             self.bytes_downloaded += event.bytes_received
         elif isinstance(event, JobFailed):
-            ended = Ended(event.code, timed_out=event.timed_out, message=event.message or event.reason)
+            ended = Ended(
+                event.code, timed_out=event.timed_out, message=event.message or event.reason, kept_at=event.kept or None
+            )
             self.outcomes[event.job] = JobOutcome(event.job, event.host, ended, event.seconds, event.bytes_received)
             self.bytes_downloaded += event.bytes_received
         elif isinstance(event, JobSkipped):

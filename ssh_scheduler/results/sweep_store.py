@@ -30,7 +30,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ssh_scheduler.errors import ConfigError, plain_text
-from ssh_scheduler.jobs.sweep import Combination, Copies, command_values, render
+from ssh_scheduler.jobs.shell_template import render
+from ssh_scheduler.jobs.sweep import Combination, Copies, command_values
+from ssh_scheduler.results.untrusted import parse_json, read_untrusted
 
 log = logging.getLogger(__name__)
 
@@ -98,13 +100,22 @@ class Layout:
         return of
 
 
+MAX_JSON_BYTES = 64 << 20
+"""The largest param.json, stat.json or metrics.json read (a sweep writes a few KiB)."""
+
+
 def read_json(path: Path) -> dict[str, Any]:
-    """A JSON object from disk, or ``{}`` when absent or unreadable (a torn write)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    """A JSON object from disk, or ``{}`` when absent or not a JSON object (a torn write).
+    Whatever else stands at its name (a link, a FIFO, a folder, a file beyond
+    :data:`MAX_JSON_BYTES`) is one error line: the folder may be someone else's."""
+    data = read_untrusted(path, "a sweep's file", MAX_JSON_BYTES)
+    if data is None:
         return {}
-    return data if isinstance(data, dict) else {}
+    try:
+        parsed = parse_json(data.decode("utf-8"))
+    except ValueError:  # UnicodeDecodeError too
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
 
 
 def write_json(path: Path, data: Mapping[str, Any]) -> None:

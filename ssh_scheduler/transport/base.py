@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from ssh_scheduler.errors import (
     TransportError,
+    plain_text,
 )
 from ssh_scheduler.machines.machine import Machine
 
@@ -31,11 +32,8 @@ LEGACY_KEY = "legacy_algorithms"
 
 
 def printable(text: object, limit: int = 300) -> str:
-    """Text from a host, safe for a one-line message: control characters escaped, cut if long."""
-    shown = text if isinstance(text, str) else "" if text is None else str(text)
-    if not shown.isprintable():
-        shown = repr(shown)[1:-1]
-    return shown if len(shown) <= limit else shown[: limit - 3] + "..."
+    """Text from a host, safe for a one-line message: the one sanitizer, cut if long."""
+    return plain_text(text, limit)
 
 
 class Stream(Protocol):

@@ -25,6 +25,7 @@ from ssh_scheduler.transport.base import (
     pump,
 )
 from ssh_scheduler.transport.bootstrap import agent_start
+from ssh_scheduler.transport.lines import BoundedLines
 
 
 class LocalTransport:
@@ -41,7 +42,6 @@ class LocalTransport:
             start.command,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
-            limit=1 << 26,
             start_new_session=True,
         )
         assert proc.stdin is not None
@@ -53,7 +53,8 @@ class LocalTransport:
                 proc.stdin.close()
             await proc.wait()
 
-        return AgentProcess(proc.stdin, proc.stdout, closer)  # type: ignore[arg-type]
+        # Bounded as over SSH (transport.lines): the same limit, the same words when it is passed.
+        return AgentProcess(proc.stdin, BoundedLines(proc.stdout), closer)
 
     async def open_file_channel(self) -> None:
         """Plain file copies: no channel to open."""

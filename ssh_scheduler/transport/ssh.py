@@ -325,7 +325,8 @@ class SSHTransport:
         The host is untrusted: the file may never end (a FIFO, /dev/zero behind a symlink on its
         side) or never answer, so bytes are counted chunk by chunk and each read has a timeout.
         A file that cannot be opened or read raises :class:`RemoteFileError`; a broken
-        connection raises :class:`ConnectionLostError`.
+        connection raises :class:`ConnectionLostError`; writing ``fd`` failing (a full disk
+        here) raises the OSError it is, for the caller to name: it is not the host's fault.
         """
         import asyncssh
 
@@ -346,8 +347,11 @@ class SSHTransport:
                     if total > limit:
                         raise SizeLimitExceeded(remote, limit)
                     view = memoryview(chunk)
-                    while view:
-                        view = view[os.write(fd, view) :]
+                    try:
+                        while view:
+                            view = view[os.write(fd, view) :]
+                    except OSError as exc:
+                        raise _WriteFailed(exc) from None
             except _Stalled:
                 raise  # the session is stuck: no polite close, it is dropped below
             except BaseException:
@@ -363,6 +367,8 @@ class SSHTransport:
                 f"{describe(self.machine)}: download of {printable(remote)} stalled for "
                 f"{SFTP_READ_TIMEOUT:g} s (a FIFO or device on the host?)"
             ) from None
+        except _WriteFailed as failed:
+            raise failed.error from None
         except asyncssh.SFTPError as exc:
             raise RemoteFileError(
                 f"{describe(self.machine)}: cannot read {printable(remote)}: {printable(exc.reason)}"
@@ -423,6 +429,14 @@ class SSHTransport:
                 await asyncio.wait_for(self._proxy.wait_closed(), 2)
         for tunnel in reversed(self._tunnels):
             tunnel.close()
+
+
+class _WriteFailed(Exception):
+    """Writing the local file failed (carried past the handlers that mean the host)."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(error)
+        self.error = error
 
 
 class _Stalled(Exception):

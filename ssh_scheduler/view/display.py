@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ssh_scheduler.errors import plain_text
 from ssh_scheduler.events import Event, HostProbed, JobCancelled, JobFailed, Notice
 from ssh_scheduler.view.terminal import Printer, TerminalLines
 
@@ -45,6 +46,7 @@ def plain_subscriber(out: Printer, err: Printer, verbosity: int = 0) -> Callable
     """The ancestor's lines.  ``verbosity`` -1 (``-q``): only failures and errors; 1 (``-v``):
     also every probe (the transfers and connections come through :func:`wire_logging`)."""
     lines = TerminalLines(out, err)
+    out, err = lines.out, lines.err  # sanitizing, for the lines of our own below too
 
     def subscriber(event: Event) -> None:
         if verbosity < 0 and not isinstance(event, JobFailed) and not (
@@ -80,7 +82,7 @@ class _ToPrinter(logging.Handler):
         self.err = err
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.err(f"{record.name.removeprefix('ssh_scheduler.')}: {record.getMessage()}")
+        self.err(plain_text(f"{record.name.removeprefix('ssh_scheduler.')}: {record.getMessage()}"))
 
 
 def _duration(seconds: float) -> str:
@@ -119,7 +121,12 @@ def summary_lines(summary: BatchSummary, results_dir: Path) -> list[str]:
     ]
     for name in summary.failed:
         outcome = summary.outcomes[name]
-        lines.append(f"  failed: {name} ({outcome.ended.describe()} on {outcome.host}): {results_dir / (name + '.err')}")
+        # Where to look: what stayed on the host, and the .err, when there is one to read (a
+        # job refused before it ran, or whose output could not be written here, may have none).
+        err = results_dir / f"{name}.err"
+        where = [f"results kept on {outcome.ended.kept_at}"] if outcome.ended.kept_at else []
+        where += [str(err)] if err.is_file() and not err.is_symlink() else []
+        lines.append(f"  failed: {name} ({outcome.ended.describe()} on {outcome.host})" + (f": {'; '.join(where)}" if where else ""))
     for name in summary.cancelled_jobs:
         lines.append(f"  cancelled: {name}")
     if summary.skipped_failed:
@@ -129,4 +136,7 @@ def summary_lines(summary: BatchSummary, results_dir: Path) -> list[str]:
             f"{len(summary.skipped_failed)} jobs failed in an earlier run and were skipped: {shown}{more}; "
             "rerun with --retry-failed to run them again"
         )
+    from ssh_scheduler.view.report_page import report_line
+
+    lines.append(report_line(results_dir))
     return lines

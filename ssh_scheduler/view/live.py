@@ -5,6 +5,10 @@ terminal); :class:`LiveView` draws it with ``rich.live`` and prints the ``starte
 ``finished:`` / ``failed:`` lines above the live area, so the scrollback keeps the history.
 Events arrive on the event loop's thread while rich redraws from its own; a lock keeps the two
 from seeing a half-applied event.
+
+rich passes an escape sequence in a string through to the terminal, and reads ``[...]`` in a
+plain string as markup (a link, a style): every line and every table cell is therefore a
+``Text`` (never markup) of the one sanitizer's output (:func:`ssh_scheduler.errors.plain_text`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from ssh_scheduler.errors import plain_text
 from ssh_scheduler.events import (
     BatchStarted,
     Event,
@@ -134,6 +139,11 @@ def _clock(seconds: float | None) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes:02d}:{secs:02d}"
 
 
+def _cell(value: object, style: str = "") -> Text:
+    """A table cell: sanitized text, never markup."""
+    return Text(plain_text(value), style=style)
+
+
 def render(board: BoardState) -> Group:
     ended = board.finished + board.failed + board.other
     bar = ProgressBar(total=max(board.total, 1), completed=ended, width=30)
@@ -158,7 +168,10 @@ def render(board: BoardState) -> Group:
             f"{job}[{','.join(map(str, cards))}]" if cards else job for job, cards in row.jobs.items()
         )
         style = {"down": "red", "quarantined": "red", "up": "green"}.get(row.state, "")
-        table.add_row(name, Text(row.state, style=style), str(len(row.jobs)), load, memory, gpus, ours or "-")
+        table.add_row(
+            _cell(name), _cell(row.state, style), _cell(len(row.jobs)), _cell(load), _cell(memory), _cell(gpus),
+            _cell(ours or "-"),
+        )
     header = Table.grid(padding=(0, 1))
     header.add_row(bar, counts)
     return Group(header, table)
@@ -175,10 +188,10 @@ class LiveView:
         self._lines = plain_subscriber(self.print_out, self.print_err, verbosity)
 
     def print_out(self, line: str) -> None:
-        self.console.print(Text(line))
+        self.console.print(Text(plain_text(line)))
 
     def print_err(self, line: str) -> None:
-        self.console.print(Text(line, style="yellow"))
+        self.console.print(Text(plain_text(line), style="yellow"))
 
     def _renderable(self) -> Group:
         with self._lock:

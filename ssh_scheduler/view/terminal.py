@@ -3,12 +3,16 @@
 ``started:`` / ``finished:`` / ``failed:`` (and ``retrying:``, ``requeued:``, ``reattached:``, the
 ``machine limits:`` header, ``plan:`` lines) go to ``out``; warnings, waiting and stopping notes to
 ``err``.  The library hands these lines to the printers its caller gives; only the CLI prints.
+Every field of an event may hold a host's or a job's text, so each line is passed through the one
+sanitizer (:func:`ssh_scheduler.errors.plain_text`) before any printer sees it: an escape
+sequence or a newline in a host name, a reason or a command is shown escaped, never acted on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from ssh_scheduler.errors import plain_text
 from ssh_scheduler.events import (
     BatchStarted,
     Event,
@@ -41,10 +45,19 @@ def _gpus(gpus: tuple[int, ...]) -> str:
     return ",".join(str(g) for g in gpus)
 
 
+def sanitized(printer: Printer) -> Printer:
+    """``printer``, given each line through the one sanitizer."""
+
+    def print_line(line: str) -> None:
+        printer(plain_text(line))
+
+    return print_line
+
+
 class TerminalLines:
     def __init__(self, out: Printer, err: Printer) -> None:
-        self.out = out
-        self.err = err
+        self.out = sanitized(out)
+        self.err = sanitized(err)
 
     def __call__(self, event: Event) -> None:
         out, err = self.out, self.err

@@ -44,7 +44,9 @@ API (see the docstrings in ``_impl.py``)
         set_latency(ms, loss_percent=0), clear_latency(), set_memory(available_mb=None,
         total_mb=None), set_loadavg(load), hold_gpu(index, mb, util=100, *, user=None,
         name="python3", oversubscribe=False) -> GpuHold (.pid, .release()),
-        kill_user_processes(), wipe_home(), reset(wipe_home=False)
+        kill_user_processes(), wipe_home(), reset(wipe_home=False),
+        mount_small_fs(path, size_kb=1024), fill_fs(path, user=None), free_fs(path),
+        unmount(path)  (a tmpfs inside the host that really fills up)
     Cluster.other_user() -> a second unix user on every host (namespaced mode), for attacks
     cleanup_leftovers(*, include_persistent=False, only=None), namespaces_available(),
     sshd_available(), skip_or_fail(reason), in_ci()

@@ -13,6 +13,7 @@ import pwd
 import re
 import secrets
 import select
+import shlex
 import shutil
 import signal
 import socket
@@ -1105,6 +1106,32 @@ exec {self.cluster.python} -IS '{base}/shared/host_init.py'
         self._need_ns("set_loadavg")
         self.spec.loadavg = float(load)
         _rewrite_in_place(self.dir / "loadavg", self._loadavg())
+
+    # ----- a small file system that really fills up
+    def mount_small_fs(self, path: str, size_kb: int = 1024) -> None:
+        """Mount a tmpfs of ``size_kb`` KiB at ``path`` inside the host (mode 1777, like /tmp).
+        It lives in the host's own mount namespace (nobody outside sees it) and really runs out
+        of space, for full-disk tests; :meth:`fill_fs` fills it, :meth:`unmount` removes it (so
+        does the host's end)."""
+        self._need_ns("a small file system inside the host")
+        quoted = shlex.quote(path)
+        self.run(f"mkdir -p {quoted} && mount -t tmpfs -o size={int(size_kb)}k,mode=1777 "
+                 f"{PREFIX}-small {quoted}", check=True)
+
+    def fill_fs(self, path: str, user: str | None = None) -> None:
+        """Fill the file system holding ``path`` with one file at ``path`` written as ``user``
+        (root by default) until the kernel says ENOSPC."""
+        self.run(f"cat /dev/zero > {shlex.quote(path)} 2>/dev/null; true", user=user, check=True)
+
+    def free_fs(self, path: str) -> None:
+        """Remove the file :meth:`fill_fs` wrote (as root): the space is back."""
+        self.run(f"rm -f {shlex.quote(path)}", check=True)
+
+    def unmount(self, path: str) -> None:
+        """Undo :meth:`mount_small_fs` (lazily: a process still working there keeps it until it
+        leaves)."""
+        self._need_ns("a small file system inside the host")
+        self.run(f"umount -l {shlex.quote(path)} 2>/dev/null; rmdir {shlex.quote(path)} 2>/dev/null; true")
 
     def hold_gpu(
         self, index: int, mb: int, util: int = 100, *, user: str | None = None, name: str = "python3",

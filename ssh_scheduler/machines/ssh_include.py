@@ -1,0 +1,212 @@
+"""Which files an ssh config ``Include`` reads, and which config files ssh trusts.
+
+``Include`` hands its pattern to glibc's ``glob(GLOB_TILDE)``, so this is glob as glibc does it,
+not Python's: a leading ``~`` is ``$HOME`` (the password database only when ``$HOME`` is unset
+or empty, which differs under ``sudo`` without ``-H``), ``~user`` that user's home (left as
+written for an unknown user); ``*``, ``?`` and ``[...]`` match within one path component, never
+a leading dot; a backslash makes the next character literal (``x\\*.conf`` is the file named
+``x*.conf``); the names come sorted by their bytes.
+
+The trust check is ``secure_permissions`` as Debian's OpenSSH patches it ("Allow harmless
+group-writability"): the file belongs to root or to us, nobody else may write it, and its group
+may write it only when that group holds us alone (the private group of Debian and Ubuntu, where
+the default umask leaves files group-writable).
+"""
+
+from __future__ import annotations
+
+import functools
+import grp
+import os
+import pwd
+import re
+from collections.abc import Mapping
+
+__all__ = ["glob_home", "include_glob", "secure_permissions"]
+
+
+def glob_home(environ: Mapping[str, str]) -> str | None:
+    """The directory glibc's ``GLOB_TILDE`` puts for ``~``: ``$HOME``, else the home of the
+    login name; None when neither is known (``~`` then stays as written)."""
+    home = environ.get("HOME")
+    if home:
+        return home
+    try:
+        return pwd.getpwnam(os.getlogin()).pw_dir or None
+    except (OSError, KeyError):
+        return None
+
+
+def _unescape(text: str) -> str:
+    return re.sub(r"\\(.)", r"\1", text, flags=re.DOTALL)
+
+
+def _expand_tilde(pattern: str, home: str | None) -> str:
+    """``GLOB_TILDE`` on the directory part (all of it when there is no ``/``)."""
+    if not pattern.startswith("~"):
+        return pattern
+    slash = pattern.find("/")
+    name, rest = (pattern[1:], "") if slash == -1 else (pattern[1:slash], pattern[slash:])
+    if name in ("", "\\"):
+        return pattern if home is None else home + rest
+    try:
+        return pwd.getpwnam(_unescape(name)).pw_dir + rest
+    except (KeyError, ValueError, UnicodeError):
+        return pattern
+
+
+def _has_magic(component: str) -> bool:
+    """``__glob_pattern_type``: an unescaped ``*``/``?``/``[``, or any backslash (an escaped
+    name is matched through ``fnmatch`` too, which drops the backslashes)."""
+    return re.search(r"[*?\[\\]", component) is not None
+
+
+@functools.lru_cache(maxsize=256)
+def _fnmatch_regex(pattern: str) -> re.Pattern[str]:
+    """``fnmatch(FNM_PERIOD)`` with backslash escapes, as a regular expression."""
+    out: list[str] = []
+    i = 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\" and i + 1 < len(pattern):
+            out.append(re.escape(pattern[i + 1]))
+            i += 2
+            continue
+        if ch == "*":
+            out.append(".*")
+        elif ch == "?":
+            out.append(".")
+        elif ch == "[":
+            end, body = _bracket(pattern, i + 1)
+            if end == -1:  # an unterminated '[' is itself
+                out.append(re.escape(ch))
+            else:
+                out.append(body)
+                i = end
+        else:
+            out.append(re.escape(ch))
+        i += 1
+    # FNM_PERIOD: a leading dot is matched only by a dot written as such
+    leading = "" if pattern.startswith((".", "\\.")) else "(?!\\.)"
+    return re.compile("(?s)" + leading + "".join(out))
+
+
+def _bracket(pattern: str, start: int) -> tuple[int, str]:
+    """A ``[...]`` expression from ``start`` (after the ``[``): (index of its ``]``, regex)."""
+    i = start
+    negate = i < len(pattern) and pattern[i] in "!^"
+    i += negate
+    items: list[str] = []
+    first = True
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "]" and not first:
+            return i, "[" + ("^" if negate else "") + "".join(items) + "]"
+        first = False
+        if ch == "[" and pattern.startswith((":", "=", "."), i + 1):
+            close = pattern.find(pattern[i + 1] + "]", i + 2)
+            if close == -1:
+                return -1, ""
+            if pattern[i + 1] == ":":
+                items.append(_CLASSES.get(pattern[i + 2 : close], ""))
+            else:
+                items.append(re.escape(pattern[i + 2 : close]))
+            i = close + 2
+            continue
+        if ch == "\\" and i + 1 < len(pattern):
+            i += 1
+            ch = pattern[i]
+        if pattern.startswith("-", i + 1) and i + 2 < len(pattern) and pattern[i + 2] != "]":
+            high = pattern[i + 2]
+            items.append(f"{re.escape(ch)}-{re.escape(high)}" if ch <= high else "")
+            i += 3
+            continue
+        items.append(re.escape(ch))
+        i += 1
+    return -1, ""
+
+
+_CLASSES = {
+    "alnum": "a-zA-Z0-9",
+    "alpha": "a-zA-Z",
+    "blank": " \\t",
+    "cntrl": "\\x00-\\x1f\\x7f",
+    "digit": "0-9",
+    "graph": "!-~",
+    "lower": "a-z",
+    "print": " -~",
+    "punct": "!-/:-@\\[-`{-~",
+    "space": " \\t\\n\\r\\f\\v",
+    "upper": "A-Z",
+    "xdigit": "0-9A-Fa-f",
+}
+
+
+def _entries(directory: str) -> list[str]:
+    try:
+        with os.scandir(directory or ".") as it:
+            # readdir lists '.' and '..' too ('.*' matches them in glibc)
+            return [".", "..", *(entry.name for entry in it)]
+    except OSError:
+        return []
+
+
+def include_glob(pattern: str, home: str | None) -> list[str]:
+    """The paths ``glob(pattern, GLOB_TILDE)`` returns, sorted by bytes; ``[]`` for none."""
+    pattern = _expand_tilde(pattern, home)
+    if "/" not in pattern:  # "~" or "~user" alone: that directory, if it is one
+        return [pattern] if pattern != "~" and os.path.isdir(pattern) else []
+    parts = pattern.split("/")
+    found = [""]  # relative: from the working directory, as glob(3)
+    if not parts[0]:
+        found, parts = ["/"], parts[1:]
+    for index, part in enumerate(parts):
+        last = index == len(parts) - 1
+        nxt: list[str] = []
+        for base in found:
+            prefix = base if base in ("", "/") else base + "/"
+            if not part:  # "a//b" or a trailing '/': the directory itself
+                if os.path.isdir(base or "."):
+                    nxt.append(base)
+                continue
+            if not _has_magic(part):
+                path = prefix + part
+                if os.path.lexists(path) if last else os.path.isdir(path):
+                    nxt.append(path)
+                continue
+            regex = _fnmatch_regex(part)
+            for name in _entries(base):
+                path = prefix + name
+                if regex.fullmatch(name) and (last or os.path.isdir(path)):
+                    nxt.append(path)
+        found = nxt
+    return sorted(found, key=lambda p: p.encode("utf-8", "surrogateescape"))
+
+
+def secure_permissions(info: os.stat_result, uid: int) -> bool:
+    """Debian's ``secure_permissions``: owned by root or ``uid``, not world-writable, and
+    group-writable only when the group's one member is the owner (as its primary group, or
+    as the only listed member; a group nobody is in does not count)."""
+    if info.st_uid not in (0, uid) or info.st_mode & 0o002:
+        return False
+    if not info.st_mode & 0o020:
+        return True
+    try:
+        group = grp.getgrgid(info.st_gid)
+    except KeyError:
+        return False
+    members = 0
+    for entry in pwd.getpwall():
+        if entry.pw_gid == group.gr_gid:
+            members += 1
+            if entry.pw_uid != uid:
+                return False
+    try:
+        owner = pwd.getpwuid(info.st_uid)
+    except KeyError:
+        return False
+    if group.gr_mem:
+        members += 1
+        if group.gr_mem[0] != owner.pw_name or len(group.gr_mem) > 1:
+            return False
+    return members > 0
