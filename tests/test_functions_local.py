@@ -120,28 +120,39 @@ def test_cancel_a_queued_call_and_a_running_one(project: Path) -> None:
     started: list[str] = []
     bus = EventBus()
     bus.subscribe(lambda e: started.append(e.job) if isinstance(e, JobStarted) else None)
-    with Executor(bus=bus, no_gpu_required=True, reserve=True) as ex:  # one call at a time
-        running = ex.submit(_wait_for, str(gate))
-        queued = ex.submit(_wait_for, str(gate), 2)
-        deadline = time.monotonic() + 60
-        while not running.running():
-            assert time.monotonic() < deadline, "the first call never started"
+
+    def wait_for(path: str, value: int = 1) -> int:  # (by value: this test's module is not on the host)
+        Path(f"{path}.{value}.pid").write_text(str(os.getpid()))  # it runs: here is its process
+        while not os.path.exists(path):
             time.sleep(0.05)
-        assert not queued.running()
-        assert queued.cancel() and queued.cancelled()
-        assert running.cancel() and running.cancelled()  # running, still cancellable: it is killed
-        with pytest.raises(concurrent.futures.CancelledError):
-            running.result()
-        after = ex.submit(os.getpid)
-        assert after.result() > 0
+        return value
+
+    with Executor(bus=bus, no_gpu_required=True, reserve=True) as ex:  # one call at a time
+        try:
+            running = ex.submit(wait_for, str(gate))
+            queued = ex.submit(wait_for, str(gate), 2)
+            pid_file = project / "gate.1.pid"
+            deadline = time.monotonic() + 60
+            while not (running.running() and pid_file.exists() and pid_file.read_text()):
+                assert time.monotonic() < deadline, "the first call never started"
+                assert not running.done(), running.exception()
+                time.sleep(0.05)
+            pid = int(pid_file.read_text())
+            assert not queued.running()
+            assert queued.cancel() and queued.cancelled()
+            assert running.cancel() and running.cancelled()  # running, still cancellable: it is killed
+            with pytest.raises(concurrent.futures.CancelledError):
+                running.result()
+            after = ex.submit(os.getpid)
+            # One call at a time: this one starts once the killed call's room is free again.
+            assert after.result(timeout=60) > 0
+        finally:
+            gate.touch()  # whatever failed above, no call waits for ever
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # the call's process is gone
     assert queued.job not in started  # taken out of the queue, never run
+    assert not (project / "gate.2.pid").exists()
     assert not (project / "job_results" / running.job).exists()  # killed: nothing committed
-
-
-def _wait_for(path: str, value: int = 1) -> int:
-    while not os.path.exists(path):
-        time.sleep(0.05)
-    return value
 
 
 def test_futures_work_with_asyncio_and_shutdown_refuses_new_calls(project: Path) -> None:
@@ -235,3 +246,21 @@ def test_the_executors_batch_keeps_its_event_file_for_attach_and_report(project:
     ex.stop()
     history = read_history(results, running=False, now=time.time())
     assert history.from_events and history.exit_code == 130 and history.exit_lines == [CANCELLED_LINE]
+
+
+def test_a_call_that_spoils_the_runner_in_the_host_cache_costs_the_next_call_nothing(project: Path) -> None:
+    """The runner lives in the host's cache, one file linked into every call's folder: a call
+    that writes through its link spoils the entry, which the agent drops; the next call is staged
+    with the runner sent again (as a shell job's spoiled input is), and runs."""
+
+    def spoil(rel: str) -> int:  # (by value: a function of this test, which the call has no module of)
+        os.chmod(rel, 0o600)  # as a job may, then writes through its link to the input
+        with open(rel, "a") as f:
+            f.write("# spoiled\n")
+        return os.getpid()
+
+    with Executor(reserve=True, **CHEAP) as ex:  # one call at a time: the next is staged after
+        assert ex.submit(spoil, ".ssh_scheduler_call/call_runner.py").result() > 0
+        assert ex.submit(abs, -3).result() == 3
+        assert ex.submit(spoil, ".ssh_scheduler_call/lib/cloudpickle/__init__.py").result() > 0
+        assert ex.submit(abs, -4).result() == 4
