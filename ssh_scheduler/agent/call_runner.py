@@ -22,13 +22,16 @@ home with the job's other results.  The value is pickled straight into the file:
 is not held twice.  Exit status: 0 value, 1 raised, 3 refused.
 
 Runs on the host's Python (3.8 or newer): stdlib only, plus the cloudpickle it was sent with
-(first on ``sys.path``: the same version as the coordinator's, whatever the host has).
+(first on ``sys.path``: the same version as the coordinator's, whatever the host has).  It is
+imported only when needed (a call that travels as code, a value or exception plain ``pickle``
+cannot write): importing it costs more CPU than the rest of a trivial call, once per call.
+A function that travels by name, with plain arguments, loads with ``pickle`` alone.
 """
 
 import json
 import os
+import pickle
 import sys
-import traceback
 import types
 
 RAISED = 1
@@ -83,7 +86,7 @@ def set_path(here, header):
     sys.path[:0] = [os.path.join(here, LIB)] + folders
 
 
-def load_call(payload, info_path, header, cloudpickle):
+def load_call(payload, info_path, header):
     """The function and its arguments, or a refusal naming what this Python lacks."""
     wanted = header.get("python") or [0, 0, 0]
     shown = ".".join(str(n) for n in wanted)
@@ -95,9 +98,9 @@ def load_call(payload, info_path, header, cloudpickle):
             "%d.%d there, or define the function in a module of the copied-forward folder, so it "
             "travels by name") % (header.get("function", "the function"), shown, this_python(),
             wanted[0], wanted[1]))
-    try:
-        function = cloudpickle.load(payload)
-        args, kwargs = cloudpickle.load(payload)
+    try:  # (a pickle that holds code names cloudpickle's helpers: pickle imports it then)
+        function = pickle.load(payload)
+        args, kwargs = pickle.load(payload)
     except ModuleNotFoundError as exc:
         refuse(info_path, (
             "cannot load this call here: %s needs the module %r, which %s does not find on this "
@@ -109,9 +112,28 @@ def load_call(payload, info_path, header, cloudpickle):
     return function, args, kwargs
 
 
-def keep_exception(result_path, info_path, exc, cloudpickle):
+def dump(value, path):
+    """Pickle ``value`` into ``path``; whether the pickle holds code.  Plain ``pickle`` first
+    (it writes no code); what only cloudpickle can write (a lambda, a class made at run time)
+    is written again by cloudpickle."""
+    try:
+        with open(path, "wb") as f:
+            pickle.Pickler(f, protocol=5).dump(value)
+        return False
+    except Exception:
+        import cloudpickle
+
+        with open(path, "wb") as f:
+            pickler = code_pickler(cloudpickle)(f)
+            pickler.dump(value)
+        return pickler.holds_code
+
+
+def keep_exception(result_path, info_path, exc):
     """The exception the call raised: pickled when it pickles, its traceback as text (from the
     call down: this runner's own frame is not the user's)."""
+    import traceback
+
     tb = exc.__traceback__
     if tb is not None and tb.tb_frame.f_code is main.__code__ and tb.tb_next is not None:
         tb = tb.tb_next
@@ -122,11 +144,8 @@ def keep_exception(result_path, info_path, exc, cloudpickle):
         "message": str(exc)[:2000], "traceback": text[-20000:], "pickled": False,
     }
     try:
-        with open(result_path, "wb") as f:
-            pickler = code_pickler(cloudpickle)(f)
-            pickler.dump(exc)
+        info["code"] = dump(exc, result_path)
         info["pickled"] = True
-        info["code"] = pickler.holds_code
     except Exception as problem:  # an attribute that does not pickle: the text still goes
         info["unpickled"] = "%s: %s" % (type(problem).__name__, str(problem)[:300])
     write_info(info_path, info)
@@ -142,25 +161,29 @@ def main(argv):
         except ValueError:
             refuse(info_path, "the call arrived damaged (its header is not JSON)")
         set_path(here, header)
-        try:
-            import cloudpickle
-        except Exception as exc:
-            refuse(info_path, "cloudpickle, sent with the call, does not load on %s: %s: %s" % (
-                this_python(), type(exc).__name__, exc))
-        function, args, kwargs = load_call(payload, info_path, header, cloudpickle)
+        if header.get("code"):  # code: cloudpickle's helpers load it
+            try:
+                import cloudpickle  # noqa: F401
+            except Exception as exc:
+                refuse(info_path, "cloudpickle, sent with the call, does not load on %s: %s: %s" % (
+                    this_python(), type(exc).__name__, exc))
+        function, args, kwargs = load_call(payload, info_path, header)
+    if header.get("cwd"):  # a function sweep's combination folder: what the call writes lands there
+        result_path, info_path = os.path.abspath(result_path), os.path.abspath(info_path)
+        if not os.path.isdir(header["cwd"]):
+            os.makedirs(header["cwd"])
+        os.chdir(header["cwd"])
     try:
         value = function(*args, **kwargs)
     except Exception as exc:
         del args, kwargs
-        keep_exception(result_path, info_path, exc, cloudpickle)
+        keep_exception(result_path, info_path, exc)
     del function, args, kwargs  # what they held may be large: free it before pickling the value
     try:
-        with open(result_path, "wb") as f:
-            pickler = code_pickler(cloudpickle)(f)
-            pickler.dump(value)
+        holds_code = dump(value, result_path)
     except Exception as exc:  # the value does not pickle: that is the call's error
-        keep_exception(result_path, info_path, exc, cloudpickle)
-    write_info(info_path, {"kind": "value", "code": pickler.holds_code})
+        keep_exception(result_path, info_path, exc)
+    write_info(info_path, {"kind": "value", "code": holds_code})
 
 
 if __name__ == "__main__":

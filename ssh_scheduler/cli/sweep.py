@@ -52,6 +52,7 @@ def sweep(
     # Under --json stdout carries the events alone: the sweep's own lines go to stderr.
     say = err_line if json_events else out_line
     output: DetachedDisplay | None = None
+    payloads: Path | None = None  # a function sweep's pickled calls (call: in the header)
     try:
         refuse_together(values)
         layout = Layout.create(str(values["results_dir"]), param_dir=not values["no_param_dir"])
@@ -71,6 +72,10 @@ def sweep(
         if debug:
             combos = combos[:1]
         chosen = select_commands(spec, values["only_commands"] or ())
+        if spec.call is not None:
+            from ssh_scheduler.functions.call_sweep import resolve_function
+
+            function = resolve_function(spec.call, str(sweep_file))
         if not dry_run:
             for job in recover(layout, combos, [n for n, _ in spec.commands], job_stats(read_journal(layout.jobs_dir))):
                 say(f"gathered: {job} (it ended while no sweep was watching)")
@@ -91,7 +96,16 @@ def sweep(
         )
         forwards = tuple(values["copy_forwards"] or (".",))
         warn_if_results_travel(layout.results, forwards)
-        jobs = build_jobs(runs, layout.copies(forwards, values["copy_backwards"]), str(sweep_file))
+        copies = layout.copies(forwards, values["copy_backwards"])
+        if spec.call is not None:
+            import tempfile
+
+            from ssh_scheduler.functions.call_sweep import call_jobs
+
+            payloads = Path(tempfile.mkdtemp(prefix="ssh_scheduler-sweep-"))
+            jobs = call_jobs(runs, layout, copies, function, payloads, Path.cwd(), str(sweep_file))
+        else:
+            jobs = build_jobs(runs, copies, str(sweep_file))
         machines = values["machines"]
         hosts = load_machines(machines, exclude=values["exclude_hosts"] or ()) if machines else [local_machine()]
         hosts = with_keep_warm(hosts, values["keep_warm"])
@@ -114,6 +128,11 @@ def sweep(
     except asyncio.CancelledError:
         err_line("cancelled: running jobs were killed")
         raise typer.Exit(130) from None
+    finally:
+        if payloads is not None:
+            import shutil
+
+            shutil.rmtree(payloads, ignore_errors=True)
     for line in runner.lines:
         err_line(line)
     raise typer.Exit(code)

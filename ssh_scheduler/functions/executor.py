@@ -194,6 +194,10 @@ class Executor(concurrent.futures.Executor):
             hosts += load_machines(specs, exclude=values.get("exclude_hosts") or ())
         if not hosts:  # this machine, with the Python running this script: its packages, its version
             hosts = [dataclasses.replace(local_machine(), python=sys.executable)]
+        self.machines = hosts
+        """The machines the calls run on (a :meth:`sweep` runs its batch on them too)."""
+        self.batch_options = batch
+        """The options of the executor's batch (a :meth:`sweep`'s batch takes them too)."""
         self._defaults = CallOptions(self, NeedsOverride(), batch.copy_backwards)
         self._base = base
         self._salt = "" if resume else secrets.token_hex(8)
@@ -257,6 +261,19 @@ class Executor(concurrent.futures.Executor):
         else:
             self.shutdown(wait=True)
         return False
+
+    def sweep(
+        self, fn: Callable[..., Any], grid: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+        default: Mapping[str, Any] | None = None, **how: Any,
+    ) -> list[tuple[dict[str, Any], Any]]:
+        """``fn(**params)`` for every combination of ``grid`` (a dict of lists, or a list of
+        them: the union), each in its combination's folder, as ``ssh-scheduler sweep`` runs a
+        template; ``[(params, value), ...]`` in the combination order.  See
+        :func:`ssh_scheduler.functions.call_sweep.run_sweep` for ``results_dir``, ``force``,
+        ``return_exceptions``."""
+        from ssh_scheduler.functions.call_sweep import run_sweep
+
+        return run_sweep(self.machines, self.batch_options, fn, grid, default, **how)
 
     # -- what submit, map and options() share ---------------------------------------------------
 

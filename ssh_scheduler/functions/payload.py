@@ -6,7 +6,8 @@ what the host must check before it unpickles anything (``agent/call_runner.py``)
 pickled it, whether the pickles hold code (a lambda, a closure or a function of ``__main__``
 travels as bytecode, which only the same minor version loads), the function's name for messages,
 and the folders of this script's ``sys.path`` inside the copied-forward folder (where the host
-finds the user's own modules, which travel by name).
+finds the user's own modules, which travel by name); ``cwd``, when set, the folder (relative to
+the job's) the call runs in (a function sweep's combination folder).
 
 A call's job name is its resume key: the function's identity (its module and qualified name
 when it travels by name; the hash of its pickle when it travels as code, or is not a plain
@@ -138,10 +139,12 @@ def _import_folders(base_dir: Path, path: tuple[str, ...], cwd: str) -> tuple[st
 
 
 def pickle_call(
-    function: object, args: tuple[Any, ...], kwargs: dict[str, Any], folder: Path, base_dir: Path, salt: str = ""
+    function: object, args: tuple[Any, ...], kwargs: dict[str, Any], folder: Path, base_dir: Path, salt: str = "",
+    cwd: str | None = None,
 ) -> PickledCall:
     """Pickle the call into a new file in ``folder``.  ``salt``: makes the name differ from an
-    earlier run's (no resume).  Raises :class:`SchedulerError` when it does not pickle."""
+    earlier run's (no resume); ``cwd``: the folder, relative to the job's, the call runs in
+    (made if missing).  Raises :class:`SchedulerError` when it does not pickle."""
     label = _label(function)
     try:
         function_pickle, function_code = _dumps(function)
@@ -164,6 +167,8 @@ def pickle_call(
         "path": import_folders(base_dir),
         "cloudpickle": cloudpickle.__version__,
     }
+    if cwd is not None:
+        header["cwd"] = cwd
     head = (json.dumps(header) + "\n").encode()
     content = hashlib.sha256(head)
     content.update(function_pickle)

@@ -20,6 +20,10 @@ The combinations are the union of every document's cross product (defaults filli
 duplicates dropped (the first wins).  Every error names the file and the document/key, and every
 placeholder is checked against every document before anything runs.
 
+Instead of ``template``, the header may name a Python function, ``call: package.module:function``:
+each combination is then one call, ``function(**params)``, run in the combination's folder
+(``ssh_scheduler.functions.call_sweep``; its job is ``<combination>.call``).
+
 Placeholders are ``{name}`` for any parameter name the seed runner's ``str.format`` can address
 (``early-stop`` too); ``{_output}`` is the combination's result folder and ``{_name}`` its name.
 A value is written for where its placeholder stands in the shell's reading (a plain word,
@@ -56,16 +60,8 @@ from ssh_scheduler.jobs.options import need_options
 from ssh_scheduler.jobs.shell_template import TemplateError, check_template, placeholders
 
 __all__ = [
-    "MAX_NAME_CHARS",
-    "NEED_KEYS",
-    "Combination",
-    "SweepDocument",
-    "SweepSpec",
-    "build_jobs",
-    "expand",
-    "parse_sweep",
-    "sample",
-    "select_commands",
+    "CALL_COMMAND", "MAX_NAME_CHARS", "NEED_KEYS", "Combination", "SweepDocument", "SweepSpec",
+    "build_jobs", "expand", "parse_sweep", "sample", "select_commands",
 ]
 
 Scalar = str | int | float | bool
@@ -83,6 +79,10 @@ NEED_SWITCHES: dict[str, tuple[str, object]] = {
 }
 BUILTINS = ("_output", "_name")
 _COMMAND_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*\Z")
+# ``call: package.module:function`` (a qualified name may hold dots: ``module:Class.method``)
+_CALL_REFERENCE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_.]*\Z")
+CALL_COMMAND = "call"
+"""The one command of a sweep that calls a function: its jobs are ``<combination>.call``."""
 _NAME_SAFE = re.compile(r"[^A-Za-z0-9._+=,@-]")
 
 
@@ -104,6 +104,9 @@ class SweepSpec:
     """``(name, template)`` in run order."""
     defaults: dict[str, Scalar]
     documents: tuple[SweepDocument, ...]
+    call: str | None = None
+    """``package.module:function`` when the header names a function instead of a template
+    (``commands`` is then ``(("call", reference),)``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +218,23 @@ def _template(raw: object, path: str) -> tuple[tuple[str, str], ...]:
     return tuple(commands)
 
 
+def _call(header: Mapping[str, object], path: str) -> str | None:
+    """The function the header names (``call:``), its spelling checked; importing it is the
+    caller's (this module reads text only)."""
+    if "call" not in header:
+        return None
+    where = _where(path, 1, "call")
+    if "template" in header:
+        raise ConfigError(f"{where}: a sweep runs either a template's commands or one function; drop one of the two")
+    reference = header["call"]
+    if not isinstance(reference, str) or not _CALL_REFERENCE.match(reference.strip()):
+        raise ConfigError(
+            f"{where}: {show_value(reference)} does not name a function; write package.module:function "
+            "(the module importable from the current folder)"
+        )
+    return reference.strip()
+
+
 def _load_documents(text: str, path: str) -> list[Any]:
     try:
         return [d for d in yaml.safe_load_all(text)]
@@ -240,15 +260,16 @@ def parse_sweep(text: str, path: str) -> SweepSpec:
             f"{_where(path, 1, 'resource')}: GPUs are not listed by hand here; the scheduler "
             "finds free ones on every machine (set gpus_per_job / gpu_memory_required instead)"
         )
-    unknown = sorted(str(k) for k in header if k not in ("template", "default"))
+    unknown = sorted(str(k) for k in header if k not in ("template", "default", "call"))
     if unknown:
         raise ConfigError(
             f"{_where(path, 1, unknown[0])}: unknown key in the header (it holds template, "
             "default and needs; parameters to sweep go in a '---' document after it)"
         )
-    if "template" not in header:
-        raise ConfigError(f"{_where(path, 1)}: no 'template' (the commands to run)")
-    commands = _template(header["template"], path)
+    call = _call(header, path)
+    if "template" not in header and call is None:
+        raise ConfigError(f"{_where(path, 1)}: no 'template' (the commands to run) or 'call' (a function)")
+    commands = ((CALL_COMMAND, call),) if call is not None else _template(header["template"], path)
     raw_defaults = header.get("default") or {}
     if not isinstance(raw_defaults, dict):
         raise ConfigError(f"{_where(path, 1, 'default')}: must map parameter names to values")
@@ -266,7 +287,7 @@ def parse_sweep(text: str, path: str) -> SweepSpec:
     sweeps = [d for d in found if d is not None]
     if not sweeps:  # only defaults: one combination
         sweeps = [SweepDocument(1, None, {}, _needs(base_needs, _where(path, 1)))]
-    spec = SweepSpec(path, commands, defaults, tuple(sweeps))
+    spec = SweepSpec(path, commands, defaults, tuple(sweeps), call)
     _check_placeholders(spec)
     return spec
 
