@@ -5,7 +5,8 @@ worker running) to the last result here.
     bench_functions.py ours N MACHINE_YAML...        ssh_scheduler.Executor.map over the machines
                                                      (the function in a module copied forward);
                                                      --joblib-batch K: joblib's Parallel with
-                                                     batch_size K instead (K calls per job)
+                                                     batch_size K instead (K calls per job);
+                                                     --chunksize K: Executor.map's chunksize K
     bench_functions.py dask N --key K --known-hosts F USER@IP... [--python P] [--interface I]
                                                      dask.distributed.SSHCluster: its scheduler on
                                                      the first host, one worker of 4 threads on
@@ -48,7 +49,7 @@ def report(values: list[tuple[int, str]], n: int, first: float | None, **more: A
     }), flush=True)  # fmt: skip
 
 
-def ours(n: int, machines: list[str], batch_size: int = 0) -> None:
+def ours(n: int, machines: list[str], batch_size: int = 0, chunksize: int = 1) -> None:
     # The function as a user's usually is: in a module of the folder, which is copied forward
     # (this file, as bench_calls.py), so it travels by name.
     shutil.copy(__file__, "bench_calls.py")
@@ -78,7 +79,7 @@ def ours(n: int, machines: list[str], batch_size: int = 0) -> None:
         report(values, n, first)
         return
     with Executor(machines, **options) as ex:
-        for value in ex.map(by_name, range(n)):
+        for value in ex.map(by_name, range(n), chunksize=chunksize):
             first = first or time.monotonic()
             values.append(value)
     report(values, n, first)
@@ -117,6 +118,7 @@ def main(argv: list[str]) -> None:
     mine.add_argument("n", type=int)
     mine.add_argument("machines", nargs="+")
     mine.add_argument("--joblib-batch", type=int, default=0, help="through joblib, this many calls per job")
+    mine.add_argument("--chunksize", type=int, default=1, help="Executor.map's chunksize: this many calls per job")
     peer = sub.add_parser("dask")
     peer.add_argument("n", type=int)
     peer.add_argument("hosts", nargs="+", help="USER@IP of each host")
@@ -126,7 +128,7 @@ def main(argv: list[str]) -> None:
     peer.add_argument("--interface", default="eth0", help="the hosts' network interface dask listens on")
     args = parser.parse_args(argv)
     if args.tool == "ours":
-        ours(args.n, args.machines, args.joblib_batch)
+        ours(args.n, args.machines, args.joblib_batch, args.chunksize)
     else:
         dask(args.n, args.hosts, args.key, args.known_hosts, args.python, args.interface)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import itertools
 import os
 import sys
 import time
@@ -76,6 +77,35 @@ def test_map_keeps_order_and_submits_lazily(project: Path) -> None:
         joined = [e.jobs for e in events if isinstance(e, BatchStarted | JobsAdded)]  # (before it opened: at its start)
         assert 8 <= sum(joined) <= 9
         assert list(squares) == [n * n for n in range(1, 30)]
+
+
+def test_map_chunksize_runs_that_many_calls_as_one_job_in_one_process(project: Path) -> None:
+    """``chunksize`` is real (calls far shorter than a process's start pay one start per chunk):
+    25 calls in chunks of 10 are 3 jobs, each one process on its host; order kept; a call that
+    raises ends its chunk, which raises it where the chunk's results begin (as
+    ``ProcessPoolExecutor.map`` does)."""
+
+    def _square_and_pid(x: int) -> tuple[int, int]:  # local: travels by value
+        if x == 17:
+            raise ArithmeticError("17 refused")
+        return x * x, os.getpid()
+
+    events: list[Event] = []
+    bus = EventBus()
+    bus.subscribe(events.append)
+    with Executor(bus=bus, **CHEAP) as ex:
+        got = list(ex.map(_square_and_pid, range(17), chunksize=10))
+        assert [value for value, _ in got] == [n * n for n in range(17)]
+        assert len({pid for _, pid in got[:10]}) == 1 and len({pid for _, pid in got[10:]}) == 1
+        assert got[0][1] != got[10][1]
+        joined = sum(e.jobs for e in events if isinstance(e, BatchStarted | JobsAdded))
+        assert joined == 2
+        failing = ex.map(_square_and_pid, range(0, 35), chunksize=10)
+        assert [value for value, _ in itertools.islice(failing, 10)] == [n * n for n in range(10)]
+        with pytest.raises(ArithmeticError, match="17 refused"):
+            next(failing)  # the chunk 10..19
+        with pytest.raises(ValueError, match="chunksize must be a whole number >= 1"):
+            ex.map(pow, [1], [2], chunksize=0)
 
 
 def test_a_rerun_gets_finished_calls_from_the_results_folder(project: Path) -> None:

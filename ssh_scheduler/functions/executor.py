@@ -50,7 +50,7 @@ from ssh_scheduler.coordinator.batch_run import batch_options
 from ssh_scheduler.coordinator.preflight import check_numbers, check_results_dir
 from ssh_scheduler.errors import ConfigError
 from ssh_scheduler.events import EventBus
-from ssh_scheduler.functions.payload import pickle_call
+from ssh_scheduler.functions.payload import RUN_BATCH, Call, pickle_call
 from ssh_scheduler.functions.runtime import CallBatch, CallFuture
 from ssh_scheduler.jobs.batch_file import Job
 from ssh_scheduler.jobs.needs import Needs, NeedsOverride, flag_needs
@@ -148,7 +148,9 @@ class CallOptions:
         self, fn: Callable[..., Any], *iterables: Iterable[Any], timeout: float | None = None, chunksize: int = 1,
         buffersize: int | None = None,
     ) -> Iterator[Any]:
-        return self.executor.map_calls(fn, iterables, self, timeout=timeout, buffersize=buffersize)
+        return self.executor.map_calls(
+            fn, iterables, self, timeout=timeout, buffersize=buffersize, chunksize=chunksize
+        )
 
 
 class Executor(concurrent.futures.Executor):
@@ -227,9 +229,15 @@ class Executor(concurrent.futures.Executor):
         buffersize: int | None = None,
     ) -> Iterator[Any]:
         """Like ``concurrent.futures.Executor.map`` (results in order; ``timeout`` counted from
-        this call), but lazy: at most ``buffersize`` calls are submitted ahead of the result
-        being read.  ``chunksize`` is accepted and ignored (every call is its own job)."""
-        return self.map_calls(fn, iterables, self._defaults, timeout=timeout, buffersize=buffersize)
+        this call), but lazy: at most ``buffersize`` calls (or chunks) are submitted ahead of the
+        result being read.  ``chunksize``: that many calls run as one job, in one process on the
+        host (for calls much shorter than a process's start; the function then travels by value
+        inside the chunk, so the host needs this minor version of Python); a call that raises
+        ends its chunk, which raises it where the chunk's results begin (as
+        ``ProcessPoolExecutor.map`` does)."""
+        return self.map_calls(
+            fn, iterables, self._defaults, timeout=timeout, buffersize=buffersize, chunksize=chunksize
+        )
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """No more calls; ``cancel_futures``: cancel those not running yet.  ``wait``: return
@@ -319,22 +327,38 @@ class Executor(concurrent.futures.Executor):
 
     def map_calls(
         self, fn: Callable[..., Any], iterables: Sequence[Iterable[Any]], how: CallOptions, *,
-        timeout: float | None = None, buffersize: int | None = None,
+        timeout: float | None = None, buffersize: int | None = None, chunksize: int = 1,
     ) -> Iterator[Any]:
-        """:meth:`map` with ``how``'s needs.  The first ``buffersize`` calls are submitted now."""
+        """:meth:`map` with ``how``'s needs.  The first ``buffersize`` jobs are submitted now."""
+        if not isinstance(chunksize, int) or chunksize < 1:
+            raise ValueError(f"chunksize must be a whole number >= 1, not {chunksize!r}")
         deadline = None if timeout is None else time.monotonic() + timeout
         arguments = zip(*iterables, strict=False)
-        window: deque[CallFuture] = deque(
-            how.submit(fn, *args) for args in itertools.islice(arguments, buffersize or self._buffersize)
-        )
+
+        def submit_next() -> CallFuture | None:
+            if chunksize == 1:
+                args = next(arguments, None)
+                return None if args is None else how.submit(fn, *args)
+            chunk: list[Call] = [(fn, args, {}) for args in itertools.islice(arguments, chunksize)]
+            return how.submit(RUN_BATCH, chunk) if chunk else None
+
+        window: deque[CallFuture] = deque()
+        for _ in range(buffersize or self._buffersize):
+            if (future := submit_next()) is None:
+                break
+            window.append(future)
 
         def results() -> Iterator[Any]:
             try:
                 while window:
                     future = window.popleft()
-                    window.extend(how.submit(fn, *args) for args in itertools.islice(arguments, 1))
+                    if (following := submit_next()) is not None:
+                        window.append(following)
                     left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                    yield future.result(left)
+                    if chunksize == 1:
+                        yield future.result(left)
+                    else:
+                        yield from future.result(left)
             finally:
                 for future in window:
                     future.cancel()

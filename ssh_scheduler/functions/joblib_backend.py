@@ -51,6 +51,7 @@ except ImportError:  # the one line a user sees, not a traceback into our packag
     ) from None
 
 from ssh_scheduler.functions.executor import Executor
+from ssh_scheduler.functions.payload import RUN_BATCH, Call
 
 __all__ = ["NAME", "UNBOUNDED", "SshSchedulerBackend"]
 
@@ -59,21 +60,6 @@ NAME = "ssh_scheduler"
 UNBOUNDED = 1024
 """What ``effective_n_jobs`` says for ``n_jobs=-1``: joblib hands over ``2 * UNBOUNDED`` calls
 ahead, enough to keep a large fleet busy; how many run at once is the planner's choice."""
-
-Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
-
-
-def _batch_runner() -> Callable[[list[Call]], list[Any]]:
-    def run_batch(items: list[Call]) -> list[Any]:
-        return [function(*args, **kwargs) for function, args, kwargs in items]
-
-    return run_batch
-
-
-RUN_BATCH = _batch_runner()
-"""A batch of calls as one call: defined in a function, so cloudpickle sends it by value (the
-hosts need no ssh_scheduler, nor joblib)."""
-
 
 class _Batch(concurrent.futures.Future[list[Any]]):
     """One joblib task: its calls' futures, done (with their values in order, or the first

@@ -26,6 +26,7 @@ import re
 import sys
 import tempfile
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,24 @@ import cloudpickle
 from ssh_scheduler.errors import SchedulerError
 from ssh_scheduler.jobs.python_call import PythonCall
 
-__all__ = ["CodePickler", "PickledCall", "import_folders", "pickle_call"]
+__all__ = ["RUN_BATCH", "Call", "CodePickler", "PickledCall", "import_folders", "pickle_call"]
+
+Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+"""One call of a batch: the function, its positional and its keyword arguments."""
+
+
+def _batch_runner() -> Callable[[list[Call]], list[Any]]:
+    def run_batch(items: list[Call]) -> list[Any]:
+        return [function(*args, **kwargs) for function, args, kwargs in items]
+
+    return run_batch
+
+
+RUN_BATCH = _batch_runner()
+"""Several calls as one call, one job, one process on the host (``Executor.map``'s
+``chunksize``, a joblib batch): defined in a function, so cloudpickle sends it by value (the
+hosts need no ssh_scheduler); like any by-value code it runs only on the same minor version of
+Python.  The first call that raises ends the batch with its exception."""
 
 NAME_LABEL_CHARS = 60
 """The readable part of a call's job name (its function's name), at most."""

@@ -33,6 +33,7 @@ SCRIPT = REPO / "scripts" / "bench_functions.py"
 EXECUTOR = SSH_TOOL + " Executor.map"
 JOBLIB_BATCH = 50
 JOBLIB = SSH_TOOL + f" joblib Parallel(batch_size={JOBLIB_BATCH})"
+CHUNKED = SSH_TOOL + f" Executor.map(chunksize={JOBLIB_BATCH})"
 DASK = "Dask SSHCluster (start-up included)"
 TRUE_JOBS = SSH_TOOL + " execute_batch, shell true"
 
@@ -65,6 +66,10 @@ def scenario_functions(bench: Bench) -> Scenario:
         argv = [PY, str(SCRIPT), "ours", str(n), *bench.machines(names), "--joblib-batch", str(JOBLIB_BATCH)]
         return Cmd(argv, cwd, env=bench.env)
 
+    def chunked(cwd: Path) -> Cmd:
+        argv = [PY, str(SCRIPT), "ours", str(n), *bench.machines(names), "--chunksize", str(JOBLIB_BATCH)]
+        return Cmd(argv, cwd, env=bench.env)
+
     def dask(cwd: Path) -> Cmd:
         cluster = bench.cluster
         assert cluster is not None
@@ -91,6 +96,7 @@ def scenario_functions(bench: Bench) -> Scenario:
     # Every tool every round ("reference" and "info" are not the slow peers --peer-rounds cuts).
     executor = Tool(EXECUTOR, ours, verify_calls(n), n, "ssh_scheduler")
     batched = Tool(JOBLIB, joblib, verify_calls(n), n, "info")
+    in_chunks = Tool(CHUNKED, chunked, verify_calls(n), n, "info")
     peer = Tool(DASK, dask, verify_calls(n), n, "reference")
     shell = Tool(TRUE_JOBS, true_jobs, verify_batch(n), n, "info", profile_argv=profile_argv)
 
@@ -98,13 +104,13 @@ def scenario_functions(bench: Bench) -> Scenario:
         theirs = peer.median()
         return [Target("end to end >= 1.0 x Dask's (Dask's wall / ours)", tool.name,
                        theirs / mine if (mine := tool.median()) and theirs else None, 1.0, True, "x")
-                for tool in (executor, batched)]  # fmt: skip
+                for tool in (executor, in_chunks, batched)]  # fmt: skip
 
     return Scenario(
         "functions",
         f"{n} calls of a trivial function on 4 hosts, cold start to last result: Executor.map vs "
         f"Dask SSHCluster (start-up included) vs {n} x true through execute_batch",
-        [Group([executor]), Group([peer]), Group([batched]), Group([shell])],
+        [Group([executor]), Group([peer]), Group([in_chunks]), Group([batched]), Group([shell])],
         {"calls": n, "hosts": 4, "cpus_per_host": 4, "dask_workers": "1 per host, 4 threads",
          "executor_needs": "no GPU, num_cpus 1 on 4-CPU hosts: 4 at once per host, as Dask's 4 threads"},
         targets,
