@@ -1,8 +1,8 @@
 """Counting the probes a test-cluster host answers: its ``nvidia-smi`` is wrapped so that each
 call leaves a line in the login user's home before the simulated one answers.
 
-A probe asks ``--query-compute-apps`` first, then ``--query-gpu`` (see
-:data:`ssh_scheduler.machines.probe.PROBE_SCRIPT`); one ``--query-gpu`` line is one probe.
+A probe asks ``--query-compute-apps``, then ``--query-gpu``, then ``--query-compute-apps`` again
+(see :data:`ssh_scheduler.machines.probe.PROBE_SCRIPT`); one ``--query-gpu`` line is one probe.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def count_probes(host: Host, *, hide_pids: tuple[int, ...] = (), widen_s: float 
     ``hide_pids``: processes the process query leaves out, as a real ``nvidia-smi`` in a
     container leaves out another container's processes while ``memory.used`` still counts
     their memory.  ``widen_s``: seconds the process query waits after answering, so that what
-    happens between a probe's two queries (a process starting, exiting or freeing memory) is
+    happens between a probe's queries (a process starting, exiting or freeing memory) is
     not left to chance."""
     real = host.dir / "bin" / "nvidia-smi.real"
     wrapper = host.dir / "bin" / "nvidia-smi"
