@@ -146,12 +146,15 @@ class HostDown(Event):
 
 @dataclass(frozen=True, slots=True)
 class GpuReading:
-    """One GPU as a probe saw it (memory in MB, utilization 0..1)."""
+    """One GPU as a probe saw it (memory in MB, utilization 0..1).  ``ours_mb``: the part of
+    ``memory_used_mb`` held by processes of our running jobs (the rest is other users', or no
+    process's); utilization cannot be split so, the driver reports it per card."""
 
     index: int
     memory_used_mb: int
     memory_total_mb: int
     utilization: float
+    ours_mb: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -199,6 +202,8 @@ class JobStarted(Event):
     command: str
     attempt: int = 1
     slurm_job: str = ""  # the Slurm job id when Slurm runs it (then Slurm, not us, picks its GPUs)
+    gpu_memory_mb: int = 0
+    """GPU memory reserved for it on each of its GPUs (its ``--gpu-memory-required``), MiB."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -12,7 +12,7 @@ from typing import Any
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 COMMON = {"version": "int", "event": "str", "t": "float"}
-GPU = {"index": "int", "memory_used_mb": "int", "memory_total_mb": "int", "utilization": "float"}
+GPU = {"index": "int", "memory_used_mb": "int", "memory_total_mb": "int", "utilization": "float", "ours_mb": "int"}
 
 
 def load_schema(readme: Path = README) -> dict[str, dict[str, str]]:

@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 
 from ssh_scheduler.coordinator.detach import (
-    EVENTS_NAME,
     LOG_NAME,
     CoordinatorSession,
     event_from_json,
@@ -37,6 +36,7 @@ from ssh_scheduler.events import (
     JobStarted,
 )
 from ssh_scheduler.jobs.job_names import validate_job_name
+from ssh_scheduler.results.event_log import EVENTS_NAME
 from ssh_scheduler.view import live
 from ssh_scheduler.view.live import BoardState
 
@@ -181,7 +181,10 @@ def test_an_exported_variable_does_not_make_a_command_the_detached_coordinator(t
     )
     assert result.returncode == 0, result.stderr
     assert "finished: b.sh.1; echo x" in result.stdout.splitlines()  # in the foreground, on our stdout
-    assert not (tmp_path / "job_results" / EVENTS_NAME).exists() and not (tmp_path / "job_results" / LOG_NAME).exists()
+    assert not (tmp_path / "job_results" / LOG_NAME).exists()
+    # Every run keeps the event file; a foreground one's ends like a detached one's.
+    last = json.loads((tmp_path / "job_results" / EVENTS_NAME).read_text().splitlines()[-1])
+    assert (last["event"], last["code"]) == ("coordinator_exit", 0)
 
 
 def test_the_coordinator_s_way_in_is_hidden_and_takes_only_a_pipe(tmp_path: Path) -> None:
@@ -377,7 +380,7 @@ def test_the_batch_outlives_the_terminal_session_that_started_it(tmp_path: Path)
         stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, start_new_session=True,
     )
     os.close(slave)
-    drawn = _read_until(master, b"done: 1 finished").decode(errors="replace")
+    drawn = _read_until(master, b"report: ssh-scheduler report").decode(errors="replace")  # its last line
     os.close(master)
     assert viewer.wait(timeout=30) == 0
     assert "finished: b.sh.1; " in drawn and "done: 1 finished, 0 failed" in drawn

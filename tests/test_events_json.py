@@ -38,8 +38,8 @@ def test_host_probed_carries_load_memory_and_each_gpu() -> None:
     )
     data = probed("h1", state).to_json()
     assert data["gpus"] == [
-        {"index": 0, "memory_used_mb": 480, "memory_total_mb": 16000, "utilization": 0.25},
-        {"index": 1, "memory_used_mb": 9000, "memory_total_mb": 16000, "utilization": 1.0},
+        {"index": 0, "memory_used_mb": 480, "memory_total_mb": 16000, "utilization": 0.25, "ours_mb": 0},
+        {"index": 1, "memory_used_mb": 9000, "memory_total_mb": 16000, "utilization": 1.0, "ours_mb": 0},
     ]
     assert (data["load"], data["memory_free_mb"], data["cpus"]) == (1.5, 12000, 4)
     assert problems(data, load_schema()) == []

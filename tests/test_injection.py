@@ -222,7 +222,7 @@ def test_hostile_job_names_are_data(cluster4: Cluster, tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     results = tmp_path / "job_results"
-    expected = {".journal.jsonl", ".lock"}
+    expected = {".journal.jsonl", ".lock", ".events.jsonl"}  # every run keeps its event file
     for name in VALID_NAMES:
         assert (results / f"{name}.out").read_text() == name + "\n"
         assert os.listdir(results / name) == ["made"]

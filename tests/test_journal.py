@@ -42,3 +42,17 @@ def test_states_fold_and_keep_the_command(tmp_path: Path) -> None:
 
 def test_no_journal_means_a_new_batch(tmp_path: Path) -> None:
     assert read_journal(tmp_path) == [] and batch_token(tmp_path) is None
+
+
+def test_a_job_cancelled_before_it_had_a_host_is_recorded_as_a_rerun_can_read_it(tmp_path: Path) -> None:
+    """`ssh-scheduler cancel` of a queued job: its event names no host; the journal line must
+    still be one the journal's own reader (status, report, a rerun) accepts."""
+    from ssh_scheduler.events import JobCancelled
+    from ssh_scheduler.results.journal import JournalWriter
+
+    with Journal.open(tmp_path) as journal:
+        writer = JournalWriter(journal)
+        writer(JobCancelled(job="queued", host=""))
+        writer(JobCancelled(job="running", host="h1"))
+    entries = read_journal(tmp_path)
+    assert [(e["job"], e["state"], e.get("host")) for e in entries] == [("queued", "cancelled", None), ("running", "cancelled", "h1")]

@@ -117,9 +117,13 @@ def test_no_module_is_over_500_lines() -> None:
     assert long == {}
 
 
+SHELL_OPENS = re.compile(r"^\s*(if|for|while|case)\s", re.M)
+SHELL_CLOSES = re.compile(r"^\s*(fi|done|esac)\b", re.M)
+
+
 def program_strings(path: Path) -> list[str]:
-    """String literals (docstrings aside) that are Python programs: several lines that parse and
-    define, import or loop."""
+    """String literals (docstrings aside) that are programs: several lines that parse as Python
+    and define, import or loop, or shell text with a compound command (``if ... fi``, a loop)."""
     tree = ast.parse(path.read_text())
     docstrings = {
         id(node.body[0].value)
@@ -133,6 +137,9 @@ def program_strings(path: Path) -> list[str]:
             continue
         text = node.value
         if text.count("\n") < 2:
+            continue
+        if SHELL_OPENS.search(text) and SHELL_CLOSES.search(text):
+            found.append(f"{path.relative_to(REPO)}:{node.lineno}")
             continue
         try:
             program = ast.parse(text)
@@ -151,10 +158,22 @@ def test_no_program_travels_as_a_string() -> None:
 def test_a_program_in_a_string_is_caught(tmp_path: Path) -> None:
     path = REPO / "tests" / "_planted_program.py"
     try:
-        path.write_text('"""Doc."""\nX = """\nimport os\nfor x in os.listdir():\n    print(x)\n"""\n')
-        assert program_strings(path) == ["tests/_planted_program.py:2"]
+        path.write_text(
+            '"""Doc."""\nX = """\nimport os\nfor x in os.listdir():\n    print(x)\n"""\n'
+            'Y = """\necho start\nif command -v python3; then\n  echo yes\nfi\n"""\n'
+        )
+        assert program_strings(path) == ["tests/_planted_program.py:2", "tests/_planted_program.py:7"]
     finally:
         path.unlink()
+
+
+def test_the_shell_programs_the_package_ships_pass_shellcheck() -> None:
+    scripts = sorted(PACKAGE.rglob("*.sh"))
+    assert scripts, "the package ships its shell programs as .sh files"
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck is not installed (scripts/test installs it)")
+    found = subprocess.run(["shellcheck", "--shell=sh", *map(str, scripts)], capture_output=True, text=True)
+    assert found.returncode == 0, found.stdout + found.stderr
 
 
 PURE_MODULES = sorted(m for m in module_names(PACKAGE) if m.split(".")[0] in PURE)

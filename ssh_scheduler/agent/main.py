@@ -129,7 +129,7 @@ class Agent(JobSupervision, FileOperations):
         except ValueError:
             writer = IO.BlockingWriter(sys.stdout.fileno())
         # A thread, not a task: it must fire even if the event loop were stuck.
-        threading.Thread(target=self.watchdog, daemon=True).start()
+        threading.Thread(target=self.keep_lease, daemon=True).start()
         self.done = loop.create_future()
         await self.attach(reader, writer)
         if not self.closing and self.jobs:
@@ -187,7 +187,7 @@ class Agent(JobSupervision, FileOperations):
             self.send(P.Error(id=req.id, job=getattr(req, "job", None),
                               message="%s: %s" % (type(exc).__name__, exc)))
 
-    def watchdog(self):
+    def keep_lease(self):
         # Cut networks never deliver EOF and killed coordinators never say bye: the lease is
         # what frees the host then.
         while True:

@@ -24,8 +24,6 @@ from ssh_scheduler.cli.common import StreamLines
 from ssh_scheduler.cli.common import err_line as _err
 from ssh_scheduler.cli.common import out_line as _out
 from ssh_scheduler.coordinator.detach import (
-    EVENTS_NAME,
-    EXIT_EVENT,
     LOG_NAME,
     CoordinatorSession,
     event_from_json,
@@ -34,6 +32,7 @@ from ssh_scheduler.coordinator.detach import (
     start_coordinator,
 )
 from ssh_scheduler.errors import ConfigError, SchedulerError, plain_text
+from ssh_scheduler.results.event_log import EVENTS_NAME, EXIT_EVENT
 
 if TYPE_CHECKING:
     from ssh_scheduler.coordinator.batch import Batch

@@ -24,7 +24,25 @@ def verbosity_of(values: Mapping[str, Any]) -> int:
 
 def batch_display(batch: Batch, *, json_events: bool, plain: bool, verbosity: int) -> contextlib.AbstractContextManager[Any]:
     """Subscribe what the user sees: ``--json`` events, the live view on a terminal, or the plain
-    lines (not a terminal, ``--plain``, ``NO_COLOR``, ``TERM=dumb``)."""
+    lines (not a terminal, ``--plain``, ``NO_COLOR``, ``TERM=dumb``); and, but for a dry run, the
+    event file that ``attach`` and ``report`` read (as a detached run keeps it)."""
+    if batch.options.dry_run:
+        return _shown(batch, json_events=json_events, plain=plain, verbosity=verbosity)
+    from ssh_scheduler.results.event_log import EventLog
+    from ssh_scheduler.view.display import summary_lines
+
+    def end() -> tuple[int, list[str]]:
+        return batch.summary.exit_code, summary_lines(batch.summary, batch.options.results_dir)
+
+    kept = EventLog(batch.options.results_dir, end)
+    batch.bus.subscribe(kept)
+    stack = contextlib.ExitStack()
+    stack.enter_context(kept)
+    stack.enter_context(_shown(batch, json_events=json_events, plain=plain, verbosity=verbosity))
+    return stack
+
+
+def _shown(batch: Batch, *, json_events: bool, plain: bool, verbosity: int) -> contextlib.AbstractContextManager[Any]:
     from ssh_scheduler.view.display import JsonLines, plain_subscriber, wire_logging
 
     if json_events:

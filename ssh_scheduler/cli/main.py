@@ -17,7 +17,7 @@ import typer
 from ssh_scheduler.cli.common import quiet_on_broken_pipe, terminal_line
 from ssh_scheduler.cli.params import expand_multi_value
 
-COMMANDS = ("execute_batch", "execute_remote", "combine_folders", "execute_to", "sweep", "results")
+COMMANDS = ("execute_batch", "execute_remote", "combine_folders", "execute_to", "sweep", "results", "report")
 CONTROL_COMMANDS = ("status", "jobs", "pause", "resume", "cancel", "doctor", "attach")
 """Commands that read a batch's journal, steer its coordinator, follow it or check the hosts."""
 
@@ -48,6 +48,10 @@ def command(name: str) -> Callable[..., None]:
         from ssh_scheduler.cli.results import results
 
         return results
+    if name == "report":
+        from ssh_scheduler.cli.report import report
+
+        return report
     if name == "attach":
         from ssh_scheduler.cli.detach import attach
 

@@ -65,7 +65,9 @@ def status(
     for line in status_lines(batch, results_dir, coordinator, time.time()):
         _echo(line)
     header = coordinator_header(results_dir)
-    if coordinator is not None and header is not None and header.get("pid") == coordinator.get("pid"):
+    # Every run keeps an event file; only a detached one has a log (files before the flag: detached).
+    detached = header is not None and header.get("detached", True) is True
+    if coordinator is not None and detached and header is not None and header.get("pid") == coordinator.get("pid"):
         _echo(f"  detached: its log is {results_dir}/{LOG_NAME}; ssh-scheduler attach follows it")
 
 

@@ -137,7 +137,10 @@ class SweepRun:
         finally:
             for job in self.owner:
                 self.gather(job)  # idempotent; catches any end whose line we did not see
+        from ssh_scheduler.view.report_page import report_line
+
         self.lines = [summary.describe() for summary in summaries]
+        self.lines.append(report_line(Path(self.layout.results)))
         failed = {self.owner[name][0] for s in summaries for name in s.failed if name in self.owner}
         combos = {combo for combo, _ in self.owner.values()}
         self.lines.append(

@@ -13,9 +13,8 @@ its stderr, and an SSH session would otherwise wait for that descriptor to close
 "Under way" is the ``BatchStarted`` event: the results folder is locked by the child, the
 journal is open, the control socket is served and the hosts are connected.  Then the child moves
 its output to ``job_results/.coordinator.log`` (rotated at :data:`LOG_MAX_BYTES`, one old file
-kept), writes the events so far to ``job_results/.events.jsonl`` and tells the parent, through a
-pipe, that it may return.  From then on every event goes to that file as the ``--json`` line
-it is (probes at most once a minute per host), followed at the end by one
+kept) and tells the parent, through a pipe, that it may return.  Its events go to the event file
+``job_results/.events.jsonl`` every run keeps (``results/event_log.py``), which ends with one
 ``coordinator_exit`` record with the exit status and the lines a foreground run ends with.
 ``ssh-scheduler attach`` follows that file (:func:`follow_events`): any number of viewers, a
 catch-up from the start, and a finished batch's replay, without ever touching the coordinator.
@@ -26,8 +25,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
-import logging
 import math
 import os
 import select
@@ -45,31 +42,22 @@ from typing import IO, Any
 
 from ssh_scheduler import events
 from ssh_scheduler.errors import ConfigError, plain_text
-from ssh_scheduler.events import EVENT_VERSION, BatchStarted, Event, HostProbed
+from ssh_scheduler.events import BatchStarted, Event
+from ssh_scheduler.results.event_log import EVENTS_NAME, EXIT_EVENT, HEADER_EVENT, EventLog
 from ssh_scheduler.results.untrusted import open_untrusted, parse_json
 
 __all__ = [
-    "EVENTS_NAME",
-    "EXIT_EVENT",
     "LOG_NAME",
     "CoordinatorSession",
     "coordinator_header",
     "event_from_json",
-    "events_header",
     "exit_record",
     "follow_events",
     "start_coordinator",
 ]
 
-log = logging.getLogger(__name__)
-
 LOG_NAME = ".coordinator.log"
-EVENTS_NAME = ".events.jsonl"
-HEADER_EVENT = "coordinator"
-EXIT_EVENT = "coordinator_exit"
 LOG_MAX_BYTES = 8 << 20
-PROBE_EVERY = 60.0
-"""Seconds between two probes of one host written to the event file (the live view's table)."""
 READY = b"ready\n"
 
 
@@ -132,7 +120,8 @@ def _echo_new(early: IO[bytes], shown: int, echo: Callable[[bytes], None]) -> in
 
 class CoordinatorSession:
     """The detached coordinator's side: an event subscriber that writes the event file and, at
-    ``BatchStarted``, moves the output to the log and releases the parent."""
+    ``BatchStarted`` (once the file is made), moves the output to the log and releases the
+    parent."""
 
     def __init__(self, results_dir: Path, status_fd: int, *, log_max_bytes: int = LOG_MAX_BYTES, out_fds: tuple[int, ...] = (1, 2)) -> None:
         self.results_dir = results_dir
@@ -140,9 +129,7 @@ class CoordinatorSession:
         self.log_max_bytes = log_max_bytes
         self.out_fds = out_fds
         self.under_way = False
-        self._early: list[bytes] = []
-        self._events_fd: int | None = None
-        self._probed: dict[str, float] = {}
+        self.events = EventLog(results_dir, detached=True)
         os.set_inheritable(status_fd, False)  # jobs and agents must not hold the parent waiting
 
     @classmethod
@@ -155,40 +142,13 @@ class CoordinatorSession:
 
     # The event subscriber.
     def __call__(self, event: Event) -> None:
-        if isinstance(event, HostProbed):
-            if event.t - self._probed.get(event.host, float("-inf")) < PROBE_EVERY:
-                return
-            self._probed[event.host] = event.t
-        line = (json.dumps(event.to_json(), separators=(",", ":")) + "\n").encode()
-        if not self.under_way:
-            self._early.append(line)
-            if isinstance(event, BatchStarted):
-                self._go()
-            return
-        self._write_event(line)
-
-    def _write_event(self, line: bytes) -> None:
-        if self._events_fd is None:
-            return
-        try:
-            os.write(self._events_fd, line)
-        except OSError as exc:  # the batch goes on; only its viewers lose the stream
-            log.warning("cannot write %s (%s): attach will not see the rest of this batch", EVENTS_NAME, exc)
-            os.close(self._events_fd)
-            self._events_fd = None
+        self.events(event)
+        if not self.under_way and isinstance(event, BatchStarted):
+            self._go()
 
     def _go(self) -> None:
-        """Under way: the event file, the log, then the parent may return."""
+        """Under way (the event file is made): the log, then the parent may return."""
         self.under_way = True
-        path = self.results_dir / EVENTS_NAME
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()  # an earlier run's: attach follows this one
-        self._events_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
-        header = events_header(os.getpid())
-        self._write_event((json.dumps(header, separators=(",", ":")) + "\n").encode())
-        for line in self._early:
-            self._write_event(line)
-        self._early = []
         self._move_output(copy_early=True)
         if self.status_fd is not None:
             with contextlib.suppress(OSError):  # a parent that is gone has nothing to learn
@@ -227,22 +187,13 @@ class CoordinatorSession:
 
     def finish(self, code: int, lines: list[str]) -> None:
         """The last record: the exit status and the lines a foreground run would end with."""
-        if self.under_way:
-            record = {"version": EVENT_VERSION, "event": EXIT_EVENT, "t": round(time.time(), 3), "code": code, "lines": lines}
-            self._write_event((json.dumps(record, separators=(",", ":")) + "\n").encode())
-        if self._events_fd is not None:
-            os.close(self._events_fd)
-            self._events_fd = None
+        self.events.finish(code, lines)
 
 
 def _flush_std() -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
-
-
-def events_header(pid: int) -> dict[str, Any]:
-    return {"version": EVENT_VERSION, "event": HEADER_EVENT, "t": round(time.time(), 3), "pid": pid, "host": socket.gethostname()}
 
 
 # --- the viewers: follow the event file -------------------------------------------------------

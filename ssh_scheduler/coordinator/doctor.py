@@ -12,9 +12,11 @@ host's escape sequence neither reaches the terminal nor bends the columns.
 from __future__ import annotations
 
 import asyncio
+import functools
 import shlex
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ssh_scheduler.errors import (
@@ -34,28 +36,11 @@ __all__ = ["HostReport", "check_hosts", "parse_report", "report_lines"]
 MIN_FREE_DISK_MB = 1024
 """Below this the copy forward of a typical project (and its results) is likely to fail."""
 
-_SCRIPT = r"""
-echo "shell=$(ps -p $$ -o comm= 2>/dev/null || echo sh)"
-if out=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>&1); then echo "python=$out"
-else echo "python_error=$(echo "$out" | head -n 1)"; fi
-root={root}
-mkdir -p "$root" 2>/dev/null
-echo "disk_free_kb=$(df -Pk "$root" 2>/dev/null | awk 'NR==2 {{print $4}}')"
-echo "cpus=$(nproc 2>/dev/null)"
-awk '/^MemAvailable:/ {{print "mem_free_kb=" $2}}' /proc/meminfo 2>/dev/null
-if command -v nvidia-smi >/dev/null 2>&1; then
-  nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader,nounits 2>&1 | sed 's/^/gpu=/'
-  nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9.]*\).*/cuda=\1/p'
-fi
-"""
-
-
-_SLURM_SCRIPT = r"""
-for tool in sbatch squeue scancel scontrol; do
-  if out=$($tool --version 2>&1); then echo "slurm=$out"; else echo "slurm_error=$tool: $(echo "$out" | tail -n 1)"; fi
-done
-if out=$(squeue --me -h -o %i 2>&1); then :; else echo "slurm_error=squeue: $(echo "$out" | tail -n 1)"; fi
-"""
+@functools.cache
+def _check_text() -> str:
+    """The check's shell text: ``doctor_check.sh`` beside this module (a file, so shellcheck
+    reads it; it travels as one ``sh -c`` argument, its inputs as the arguments after it)."""
+    return (Path(__file__).parent / "doctor_check.sh").read_text()
 
 
 def check_script(workdir: str, setup: tuple[str, ...] = (), slurm: SlurmSettings | None = None) -> str:
@@ -63,17 +48,10 @@ def check_script(workdir: str, setup: tuple[str, ...] = (), slurm: SlurmSettings
     ``setup:`` runs as before a job (bash, not interactive) and its failure is reported.  A Slurm
     login node also runs sbatch, squeue, scancel and scontrol (after its ``command_prefix``),
     and squeue must reach the controller."""
-    root = '"$HOME"' + shlex.quote(workdir[1:]) if workdir.startswith("~") else shlex.quote(workdir)
-    script = _SCRIPT.format(root=root)
-    if slurm is not None:
-        script += (slurm.command_prefix + "\n" if slurm.command_prefix else "") + _SLURM_SCRIPT
-    if setup:
-        recipe = shlex.quote(with_setup("true", setup))
-        script += (
-            f'if out=$(bash --norc -c {recipe} 2>&1 </dev/null); then echo setup=ok; '
-            'else echo "setup_error=$(echo "$out" | tail -n 2 | tr "\\n" " ")"; fi\n'
-        )
-    return "sh -c " + shlex.quote(script)
+    recipe = with_setup("true", setup) if setup else ""
+    kind, prefix = ("slurm", slurm.command_prefix or "") if slurm is not None else ("", "")
+    words = (workdir, recipe, kind, prefix)
+    return "sh -c " + shlex.quote(_check_text()) + " doctor " + " ".join(shlex.quote(w) for w in words)
 
 
 @dataclass(slots=True)

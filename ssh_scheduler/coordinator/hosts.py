@@ -127,7 +127,7 @@ class Hosts:
             reason = f"{executor.name}: probe failed: {exc or f'no answer in {PROBE_TIMEOUT:g} s'}"
             self._answer(name, lambda: planner.probe_failed(name, reason))
             return
-        self.bus.publish(probed(name, state))
+        self.bus.publish(probed(name, state, own))
         if self._first_answer is None:
             self._first_answer = time.monotonic()
             self._helper(self._grace(self._first_answer - self._since))
@@ -185,7 +185,7 @@ class Hosts:
             reason = f"{executor.name}: probe failed: {exc or f'no answer in {PROBE_TIMEOUT:g} s'}"
             self._perform(self.planner.probe_failed(host, reason))
             return
-        self.bus.publish(probed(host, state))
+        self.bus.publish(probed(host, state, own))
         self._perform(self.planner.probe_landed(host, state, own, generation, now=time.time()))
 
     async def revive(self, host: str) -> None:
@@ -216,7 +216,7 @@ class Hosts:
                     await executor.close()
                 continue
             self.executors[host] = executor
-            self.bus.publish(probed(host, state))
+            self.bus.publish(probed(host, state, own))
             found = {n: bool(s.get("running")) for n, s in executor.agent_jobs.items()}
             self._perform(planner.host_back(host, state, own, found, now=time.time()))
             return

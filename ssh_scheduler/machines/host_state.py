@@ -4,6 +4,7 @@ planner; :mod:`ssh_scheduler.machines.probe` makes them from a probe's output.""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ssh_scheduler.events import GpuReading, HostProbed
@@ -74,13 +75,22 @@ class OwnUsage:
     rss_mb: int = 0
 
 
-def probed(host: str, state: HostState) -> HostProbed:
-    """The event that says a probe of ``host`` landed with ``state``."""
+def probed(host: str, state: HostState, own: Mapping[str, OwnUsage] | None = None) -> HostProbed:
+    """The event that says a probe of ``host`` landed with ``state``; ``own`` (what our agent
+    reported for our jobs: their pids) splits each GPU's memory into ours and everyone else's."""
+    ours_pids = {pid for usage in (own or {}).values() for pid in usage.pids}
+    ours: dict[str, int] = {}
+    for process in state.gpu_processes:
+        if process.pid in ours_pids:
+            ours[process.gpu_uuid] = ours.get(process.gpu_uuid, 0) + process.used_memory_mb
     return HostProbed(
         host=host,
         cpus=state.cpu_count,
         load=state.load_1m,
         memory_free_mb=state.mem_available_mb,
         memory_total_mb=state.mem_total_mb,
-        gpus=tuple(GpuReading(g.index, g.memory_used_mb, g.memory_total_mb, g.utilization) for g in state.gpus),
+        gpus=tuple(
+            GpuReading(g.index, g.memory_used_mb, g.memory_total_mb, g.utilization, min(ours.get(g.uuid, 0), g.memory_used_mb))
+            for g in state.gpus
+        ),
     )

@@ -260,6 +260,7 @@ class Planner:
                     command=slot.job.command,
                     attempt=slot.attempt,
                     slurm_job=slurm_job,
+                    gpu_memory_mb=slot.placement.needs.gpu_memory_mb if slot.placement.gpu_indices else 0,
                 )
             )
         ]

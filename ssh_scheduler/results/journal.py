@@ -282,7 +282,8 @@ class JournalWriter:
             case JobRequeued():
                 record(event.job, JobState.REQUEUED, host=event.host)
             case JobCancelled():
-                record(event.job, JobState.CANCELLED, host=event.host)
+                # A job cancelled while queued had no host: say none rather than an empty name.
+                record(event.job, JobState.CANCELLED, **({"host": event.host} if event.host else {}))
 
 
 def read_journal(results_dir: Path) -> list[dict[str, Any]]:

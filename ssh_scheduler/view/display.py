@@ -136,4 +136,7 @@ def summary_lines(summary: BatchSummary, results_dir: Path) -> list[str]:
             f"{len(summary.skipped_failed)} jobs failed in an earlier run and were skipped: {shown}{more}; "
             "rerun with --retry-failed to run them again"
         )
+    from ssh_scheduler.view.report_page import report_line
+
+    lines.append(report_line(results_dir))
     return lines
