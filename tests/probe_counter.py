@@ -12,7 +12,7 @@ from tests.cluster import Host
 CALLS = "nvidia-smi.calls"
 
 
-def count_probes(host: Host, *, hide_pids: tuple[int, ...] = (), widen_s: float = 0.0) -> None:
+def count_probes(host: Host, *, hide_pids: tuple[int, ...] = (), widen_s: float = 0.0, mark_listed: bool = False) -> None:
     """Wrap ``host``'s simulated ``nvidia-smi`` so that every call is noted in ``~/nvidia-smi.calls``
     (the process query's answer with it).
 
@@ -20,7 +20,9 @@ def count_probes(host: Host, *, hide_pids: tuple[int, ...] = (), widen_s: float 
     container leaves out another container's processes while ``memory.used`` still counts
     their memory.  ``widen_s``: seconds the process query waits after answering, so that what
     happens between a probe's queries (a process starting, exiting or freeing memory) is
-    not left to chance."""
+    not left to chance.  ``mark_listed``: each process query leaves ``~/listed.<pid>`` for every
+    process it listed, before it waits, so that a job can act on having been listed (free its
+    memory while the probe has yet to read it)."""
     real = host.dir / "bin" / "nvidia-smi.real"
     wrapper = host.dir / "bin" / "nvidia-smi"
     if not real.exists():
@@ -33,6 +35,12 @@ def count_probes(host: Host, *, hide_pids: tuple[int, ...] = (), widen_s: float 
         "*--query-compute-apps*)\n"
         f'    out=$({real} "$@"); rc=$?\n'
         f'    [ -z "$out" ] || printf "%s\\n" "$out"{hide} | tee -a ~/{CALLS}\n'
+        + (
+            '    for pid in $(printf "%s\\n" "$out" | cut -d, -f1); do touch ~/listed.$pid; done\n'
+            if mark_listed
+            else ""
+        )
+        +
         f"    sleep {widen_s}\n"
         "    exit $rc ;;\n"
         f'*) exec {real} "$@" ;;\n'
