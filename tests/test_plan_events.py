@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from ssh_scheduler.errors import UnsatisfiableError
 from ssh_scheduler.events import (
     Ended,
     HostDown,
@@ -20,11 +21,11 @@ from ssh_scheduler.events import (
     Stopping,
 )
 from ssh_scheduler.jobs.batch_file import Job
-from ssh_scheduler.jobs.needs import Needs
+from ssh_scheduler.jobs.needs import Needs, NeedsOverride
 from ssh_scheduler.planner.actions import Commit, KillJob, PlanOptions
 from ssh_scheduler.planner.plan import Planner
 from ssh_scheduler.planner.policy import parse_halt
-from tests.test_plan import CPU, events, jobs, planner, starts
+from tests.test_plan import CPU, events, host_state, jobs, planner, starts
 
 GPU = Needs(cpus=1, memory_mb=100, gpus=1, gpu_memory_mb=7000, reserve_gpu=False)
 
@@ -132,3 +133,36 @@ def test_a_job_cancelled_alone_says_what_will_not_run_after_it() -> None:
     cancelled = plan.job_cancelled("a")
     assert said(cancelled, JobCancelled) == [at0(JobCancelled(job="a", host="h0"))]
     assert [(e.job, e.reason) for e in events(cancelled, JobNotRun)] == [("b", "a was cancelled")]
+
+
+# -- the batch's start -----------------------------------------------------------------------------
+
+
+def test_on_a_fleet_without_gpus_the_default_gpu_need_is_no_gpu_need_at_all() -> None:
+    """The default of one GPU per job (not asked for) becomes no GPU on a fleet without any:
+    none of its memory, utilization or reservation is left to be recorded or shown."""
+    base = Needs(cpus=1, memory_mb=100, gpus=1, gpu_memory_mb=5000, gpu_utilization=0.5, reserve_gpu=True)
+    _plan, actions = planner(jobs(1), hosts=1, options=PlanOptions(base))
+    (start,) = starts(actions)
+    assert start.placement.needs == Needs(cpus=1, memory_mb=100, gpus=0, gpu_memory_mb=0, gpu_utilization=0.0, reserve_gpu=False)
+
+
+def test_a_batch_no_host_could_ever_run_is_refused_in_one_line_with_the_fix() -> None:
+    plan = Planner(jobs(2), [("h0", "h0")], PlanOptions(Needs(gpus=0, cpus=100)))
+    plan.probe_landed("h0", host_state())
+    with pytest.raises(UnsatisfiableError) as refused:
+        plan.begin("t")
+    assert str(refused.value) == (
+        "job j0 (and every job of this batch) can never run: needs 100 cpus; the largest host h0 has "
+        "4 cpus (5 with overload 1.25); lower the job's needs or add a bigger machine"
+    )
+    # One job of several needs: it alone is named.
+    batch = [Job("ok", "x", 1), Job("huge", "y", 2, needs=NeedsOverride(memory_mb=10**7))]
+    plan = Planner(batch, [("h0", "h0")], PlanOptions(CPU))
+    plan.probe_landed("h0", host_state())
+    with pytest.raises(UnsatisfiableError) as refused:
+        plan.begin("t")
+    assert str(refused.value) == (
+        "job huge can never run: needs 10000000 MiB RAM; the largest host h0 has 16000 MiB RAM; "
+        "lower the job's needs or add a bigger machine"
+    )
