@@ -7,6 +7,8 @@ the tolerance fits."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from ssh_scheduler.jobs.needs import GPU_UTILIZATION_TOLERANCE, Needs
@@ -154,14 +156,14 @@ def test_a_batch_systems_queue_takes_any_job() -> None:
 def test_a_whole_gpu_plus_the_tolerance_could_fit_and_no_more() -> None:
     m = machine(gpus=(gpu(0),))
     assert m.could_ever_fit(Needs(gpu_utilization=1.0 + GPU_UTILIZATION_TOLERANCE))
-    assert not m.could_ever_fit(Needs(gpu_utilization=1.0 + GPU_UTILIZATION_TOLERANCE + 0.001))
+    assert not m.could_ever_fit(Needs(gpu_utilization=1.0 + GPU_UTILIZATION_TOLERANCE + 0.0005))
 
 
 def test_utilization_that_adds_up_to_a_whole_gpu_plus_the_tolerance_fits() -> None:
     m = machine(gpus=(gpu(0),))
     m.allocate("a", Needs(gpu_utilization=1.0, reserve_gpu=False))
     assert fits(m, Needs(gpu_utilization=GPU_UTILIZATION_TOLERANCE, reserve_gpu=False))
-    assert not fits(m, Needs(gpu_utilization=GPU_UTILIZATION_TOLERANCE + 0.001, reserve_gpu=False))
+    assert not fits(m, Needs(gpu_utilization=GPU_UTILIZATION_TOLERANCE + 0.0005, reserve_gpu=False))
 
 
 # ---------------------------------------------------------------- a job adopted after a restart
@@ -203,3 +205,63 @@ def test_a_released_jobs_memory_stays_charged_until_a_probe_requested_after_the_
     m.update(host(gpus=(gpu(0),)), {}, m.probe_started())
     assert m.gpu_promises() == ((16000, 0, 0),)
     assert m.gpu_free_memory_mb == (16000,)
+
+
+def test_every_released_job_leaves_its_own_ghost() -> None:
+    m = machine(gpus=(gpu(0),))
+    for job in ("a", "b"):
+        m.allocate(job, Needs(gpu_memory_mb=4000, reserve_gpu=False))
+    seen = host(gpus=(gpu(0, free=9000),), processes=(GpuProcess(11, "GPU-0", 3000), GpuProcess(12, "GPU-0", 4000)))
+    m.update(seen, {"a": OwnUsage(frozenset({11})), "b": OwnUsage(frozenset({12}))}, m.probe_started())
+    m.release("a")
+    m.release("b")
+    assert m.gpu_promises() == ((16000, 7000, 0),)
+
+
+# ---------------------------------------------------------------- choosing GPUs
+
+
+def test_a_reserving_job_takes_the_idle_gpu_however_the_others_are_used() -> None:
+    """GPU 0 has another user, GPU 1 our shared jobs (adopted, placed and released in turn),
+    GPU 2 nobody: a reserving job gets GPU 2, and once GPU 1 is empty again, GPU 1 too."""
+    m = machine(gpus=(gpu(0), gpu(1), gpu(2)), processes=(GpuProcess(OTHER, "GPU-0", 100),))
+    shared = Needs(gpu_memory_mb=100, reserve_gpu=False)
+    m.adopt("on-theirs", shared, [0])
+    for job in ("s1", "s2", "s3"):
+        m.adopt(job, shared, [1])
+    assert m.allocate("r1", Needs()).gpu_indices == (2,)
+    for job in ("s1", "s2", "s3", "on-theirs"):
+        m.release(job)
+    assert m.allocate("r2", Needs()).gpu_indices == (1,)
+    assert not fits(m, Needs())
+
+
+def test_a_gpu_too_busy_is_passed_over_for_the_next() -> None:
+    m = machine(gpus=(gpu(0, util=1.0), gpu(1)), processes=(GpuProcess(OTHER, "GPU-0", 100),))
+    assert m.allocate("a", Needs(gpu_memory_mb=0, gpu_utilization=0.5, reserve_gpu=False)).gpu_indices == (1,)
+
+
+NOTHING = Needs(cpus=0, memory_mb=0, gpus=1, gpu_memory_mb=0, reserve_gpu=False)
+
+
+@pytest.mark.parametrize(
+    ("utils", "needs", "score"),
+    [
+        # A GPU's load is its utilization with the job's, or its memory in use if larger.
+        ((0.3,), replace(NOTHING, gpu_utilization=0.5), 0.2),
+        ((0.0,), replace(NOTHING, gpu_memory_mb=4000), 0.75),
+        # A job on several GPUs is as loaded as the most loaded of the least loaded ones.
+        ((0.3, 0.1, 0.2, 0.9), replace(NOTHING, gpus=3), 0.7),
+    ],
+)
+def test_a_gpu_jobs_score_is_what_its_most_loaded_gpu_leaves(
+    utils: tuple[float, ...], needs: Needs, score: float
+) -> None:
+    gpus = tuple(gpu(i, util=u) for i, u in enumerate(utils))
+    m = machine(gpus=gpus, processes=tuple(GpuProcess(OTHER, f"GPU-{i}", 0) for i in range(len(utils))))
+    assert m.score(needs) == pytest.approx(score)
+
+
+def test_a_gpu_whose_memory_is_unknown_counts_as_full() -> None:
+    m = machine(gpus=(gpu(0, total=0),))
+    assert m.score(NOTHING) == 0.0
