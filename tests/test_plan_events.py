@@ -166,3 +166,37 @@ def test_a_batch_no_host_could_ever_run_is_refused_in_one_line_with_the_fix() ->
         "job huge can never run: needs 10000000 MiB RAM; the largest host h0 has 16000 MiB RAM; "
         "lower the job's needs or add a bigger machine"
     )
+
+
+# -- retries, cancels, defaults --------------------------------------------------------------------
+
+
+def test_a_job_killed_for_its_timeout_is_retried_first_when_retries_remain() -> None:
+    """--timeout's kill is a failure like any other: retried while attempts remain, before the
+    jobs still queued (one job at a time fits this host)."""
+    plan, actions = planner(jobs(3), hosts=1, options=PlanOptions(CPU, timeout=5, retries=1), cpus=1)
+    assert [s.job.name for s in starts(actions)] == ["j0"]
+    plan.job_started("j0", 100.0)
+    assert plan.tick(105.0) == [KillJob("j0", "timeout")]
+    retried = plan.job_exited("j0", plan.timed_out("j0"))
+    assert [e.attempt for e in events(retried, JobRetrying)] == [2]
+    assert [s.job.name for s in starts(retried)] == ["j0"]
+
+
+def test_a_job_cancelled_while_queued_says_no_host() -> None:
+    plan, actions = planner(jobs(2), hosts=1, cpus=1)
+    assert [s.job.name for s in starts(actions)] == ["j0"]
+    assert plan.host_of("j1") is None and plan.host_of("j0") == "h0"
+    assert said(plan.cancel("j1"), JobCancelled) == [at0(JobCancelled(job="j1", host=""))]
+
+
+def test_what_is_not_given_is_not_made_up() -> None:
+    """A start not run by Slurm names no Slurm job; a job without GPUs reserves no GPU memory,
+    whatever the batch's GPU memory; a commit that brought nothing home says 0 bytes."""
+    batch = [Job("cpu", "echo", 1, needs=NeedsOverride(gpus=0))]
+    plan, actions = planner(batch, hosts=1, options=PlanOptions(GPU, gpus_explicit=True), gpus=1)
+    assert starts(actions)[0].placement.gpu_indices == ()
+    (started,) = events(plan.job_started("cpu", 1.0), JobStarted)
+    assert (started.slurm_job, started.gpu_memory_mb) == ("", 0)
+    assert Commit("cpu") in plan.job_exited("cpu", Ended(0))
+    assert [e.bytes_received for e in events(plan.job_committed("cpu", Ended(0)), JobFinished)] == [0]
