@@ -835,7 +835,9 @@ exec {self.cluster.python} -IS '{base}/shared/host_init.py'
                     raise ClusterError(f"host {self.name} failed to start\n{self._logs()}")
                 time.sleep(0.002)
 
-    def _wait_ready(self, timeout: float = 15) -> None:
+    def _wait_ready(self, timeout: float = 60) -> None:
+        # Generous: on a shared 2-core box at load 35 a healthy sshd took over 15 s to accept;
+        # a host that really fails says so through its launcher's exit, not this deadline.
         deadline = time.monotonic() + timeout
         while not _tcp_accepts(self.ip, self.port):
             if self._launcher is not None and self._launcher.poll() is not None:
@@ -846,7 +848,7 @@ exec {self.cluster.python} -IS '{base}/shared/host_init.py'
                 )
             time.sleep(0.01)
 
-    def start(self, timeout: float = 15) -> None:
+    def start(self, timeout: float = 60) -> None:
         """Boot the host (after ``crash()``): same IP, host key, user and home contents."""
         if self._cut_by_crash:
             self.heal_network()
@@ -896,7 +898,7 @@ exec {self.cluster.python} -IS '{base}/shared/host_init.py'
             (self.dir / "sshd.pid").unlink()
         self._clear_gpu_registrations()
 
-    def restart(self, timeout: float = 15) -> None:
+    def restart(self, timeout: float = 60) -> None:
         """``crash()`` then ``start()``."""
         self.crash()
         self.start(timeout)
@@ -957,7 +959,7 @@ exec {self.cluster.python} -IS '{base}/shared/host_init.py'
         if pid in self._frozen:
             self._frozen.remove(pid)
 
-    def start_sshd(self, timeout: float = 15) -> None:
+    def start_sshd(self, timeout: float = 60) -> None:
         """Start the sshd listener again (no-op if it runs)."""
         if self.sshd_running():
             return
@@ -1644,7 +1646,7 @@ def start_cluster(
     cluster_id: str | None = None,
     mode: str | None = None,
     persistent: bool = False,
-    timeout: float = 30,
+    timeout: float = 60,
 ) -> Cluster:
     """Start a cluster of ``specs`` hosts (an int means that many default ``HostSpec()``).
 
