@@ -265,3 +265,30 @@ def test_a_gpu_jobs_score_is_what_its_most_loaded_gpu_leaves(
 def test_a_gpu_whose_memory_is_unknown_counts_as_full() -> None:
     m = machine(gpus=(gpu(0, total=0),))
     assert m.score(NOTHING) == 0.0
+
+
+# ---------------------------------------------------------------- scores
+
+
+def test_a_hosts_score_is_the_fraction_of_its_bottleneck_left_after_the_job() -> None:
+    """8 cpus (10 with the overload), 64000 MiB RAM, 2000 of them used by a job of ours that
+    uses 500 MiB more than it reserved: a job of 2 cpus and 20000 MiB leaves 7/10 of the CPUs
+    and 42000/64000 of the RAM; one that must run alone is scored by what others use."""
+    m = machine(cpus=8, mem_total=64000, mem_available=62000)
+    m.allocate("ours", Needs(gpus=0, cpus=1, memory_mb=1500))
+    m.update(host(cpus=8, mem_total=64000, mem_available=62000), {"ours": OwnUsage(frozenset({5}), rss_mb=2000)})
+    assert m.score(Needs(gpus=0, cpus=2, memory_mb=20000)) == pytest.approx(42000 / 64000)
+    assert m.score(Needs(gpus=0, cpus=2, memory_mb=1000)) == pytest.approx(7 / 10)
+    alone = machine(cpus=8, load=2.0, mem_total=64000, mem_available=48000)
+    assert alone.score(Needs(gpus=0, reserve_machine=True)) == pytest.approx(min(8 / 10, 48000 / 64000))
+
+
+def test_a_queue_scores_below_every_host_and_by_its_free_slots() -> None:
+    queue = MachineResources("slurm", HostState(1, 0.0, 100, 100, job_slots=4))
+    needs = Needs(gpus=0)
+    scores = []
+    for n in range(4):
+        scores.append(queue.score(needs))
+        queue.allocate(f"j{n}", needs)
+    assert scores == pytest.approx([-10 + 3 / 4, -10 + 2 / 4, -10 + 1 / 4, -10.0])
+    assert not fits(queue, needs)
