@@ -213,9 +213,19 @@ def test_every_released_job_leaves_its_own_ghost() -> None:
         m.allocate(job, Needs(gpu_memory_mb=4000, reserve_gpu=False))
     seen = host(gpus=(gpu(0, free=9000),), processes=(GpuProcess(11, "GPU-0", 3000), GpuProcess(12, "GPU-0", 4000)))
     m.update(seen, {"a": OwnUsage(frozenset({11})), "b": OwnUsage(frozenset({12}))}, m.probe_started())
+    early = m.probe_started()  # requested before the releases: it may still list both
     m.release("a")
     m.release("b")
     assert m.gpu_promises() == ((16000, 7000, 0),)
+    m.update(host(gpus=(gpu(0),)), {}, early)
+    assert m.gpu_promises() == ((16000, 7000, 0),)
+
+
+def test_our_shared_jobs_on_gpus_other_users_are_on_leave_the_idle_gpus_to_reserving_jobs() -> None:
+    m = machine(gpus=tuple(gpu(i) for i in range(4)), processes=(GpuProcess(OTHER, "GPU-0", 100), GpuProcess(OTHER, "GPU-1", 100)))
+    for job, index in (("s0", 0), ("s1", 1)):
+        m.adopt(job, Needs(gpu_memory_mb=100, reserve_gpu=False), [index])
+    assert [m.allocate(job, Needs()).gpu_indices for job in ("r2", "r3")] == [(2,), (3,)]
 
 
 # ---------------------------------------------------------------- choosing GPUs
