@@ -1,8 +1,8 @@
 """Counting the probes a test-cluster host answers: its ``nvidia-smi`` is wrapped so that each
 call leaves a line in the login user's home before the simulated one answers.
 
-A probe asks ``--query-compute-apps`` first, then ``--query-gpu`` (see
-:data:`ssh_scheduler.machines.probe.PROBE_SCRIPT`); one ``--query-gpu`` line is one probe.
+A probe asks ``--query-compute-apps``, then ``--query-gpu``, then ``--query-compute-apps`` again
+(see :data:`ssh_scheduler.machines.probe.PROBE_SCRIPT`); one ``--query-gpu`` line is one probe.
 """
 
 from __future__ import annotations
@@ -12,15 +12,17 @@ from tests.cluster import Host
 CALLS = "nvidia-smi.calls"
 
 
-def count_probes(host: Host, *, hide_pids: tuple[int, ...] = (), widen_s: float = 0.0) -> None:
+def count_probes(host: Host, *, hide_pids: tuple[int, ...] = (), widen_s: float = 0.0, mark_listed: bool = False) -> None:
     """Wrap ``host``'s simulated ``nvidia-smi`` so that every call is noted in ``~/nvidia-smi.calls``
     (the process query's answer with it).
 
     ``hide_pids``: processes the process query leaves out, as a real ``nvidia-smi`` in a
     container leaves out another container's processes while ``memory.used`` still counts
     their memory.  ``widen_s``: seconds the process query waits after answering, so that what
-    happens between a probe's two queries (a process starting, exiting or freeing memory) is
-    not left to chance."""
+    happens between a probe's queries (a process starting, exiting or freeing memory) is
+    not left to chance.  ``mark_listed``: each process query leaves ``~/listed.<pid>`` for every
+    process it listed, before it waits, so that a job can act on having been listed (free its
+    memory while the probe has yet to read it)."""
     real = host.dir / "bin" / "nvidia-smi.real"
     wrapper = host.dir / "bin" / "nvidia-smi"
     if not real.exists():
@@ -33,6 +35,12 @@ def count_probes(host: Host, *, hide_pids: tuple[int, ...] = (), widen_s: float 
         "*--query-compute-apps*)\n"
         f'    out=$({real} "$@"); rc=$?\n'
         f'    [ -z "$out" ] || printf "%s\\n" "$out"{hide} | tee -a ~/{CALLS}\n'
+        + (
+            '    for pid in $(printf "%s\\n" "$out" | cut -d, -f1); do touch ~/listed.$pid; done\n'
+            if mark_listed
+            else ""
+        )
+        +
         f"    sleep {widen_s}\n"
         "    exit $rc ;;\n"
         f'*) exec {real} "$@" ;;\n'

@@ -12,6 +12,7 @@ from ssh_scheduler.machines.host_state import GpuProcess, GpuState, HostState
 from ssh_scheduler.machines.probe import (
     PROBE_COMMAND,
     PROBE_SCRIPT,
+    listed_throughout,
     parse_compute_apps,
     parse_gpu_query,
     parse_loadavg,
@@ -219,6 +220,85 @@ def test_compute_apps_errors(text: str) -> None:
         parse_compute_apps(text)
 
 
+# ---------------------------------------------------------------- the two process lists of a probe
+
+
+A, B = "GPU-a", "GPU-b"
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "expected"),
+    [
+        # A process in both lists counts at the smaller figure, whichever list has it.
+        ((GpuProcess(1, A, 500),), (GpuProcess(1, A, 900),), (GpuProcess(1, A, 500),)),
+        ((GpuProcess(1, A, 900),), (GpuProcess(1, A, 500),), (GpuProcess(1, A, 500),)),
+        # Listed before only (it ended, or freed its memory and left the list), or after only
+        # (it started): 0 MiB, but still on its GPU.
+        ((GpuProcess(1, A, 900),), (), (GpuProcess(1, A, 0),)),
+        ((), (GpuProcess(2, B, 700, "python3"),), (GpuProcess(2, B, 0, "python3"),)),
+        # One pid on two GPUs is two processes; one listed twice on a GPU holds the sum.
+        (
+            (GpuProcess(1, A, 100), GpuProcess(1, B, 200), GpuProcess(1, A, 300)),
+            (GpuProcess(1, B, 250), GpuProcess(1, A, 50), GpuProcess(1, A, 400)),
+            (GpuProcess(1, A, 400), GpuProcess(1, B, 200)),
+        ),
+        # The first list's order, then what only the second shows; names kept.
+        (
+            (GpuProcess(3, A, 30, "c"), GpuProcess(1, A, 10, "a")),
+            (GpuProcess(2, A, 20, "b"), GpuProcess(1, A, 10, "a"), GpuProcess(3, A, 30, "c")),
+            (GpuProcess(3, A, 30, "c"), GpuProcess(1, A, 10, "a"), GpuProcess(2, A, 0, "b")),
+        ),
+        ((), (), ()),
+    ],
+)
+def test_a_probe_counts_each_process_at_the_smaller_of_its_two_figures(
+    before: tuple[GpuProcess, ...], after: tuple[GpuProcess, ...], expected: tuple[GpuProcess, ...]
+) -> None:
+    """What a process held when the probe read memory.used is at least the smaller of what the
+    lists before and after showed (0 where one lacks it): never more is counted as ours."""
+    assert listed_throughout(before, after) == expected
+
+
+def test_probe_output_reads_both_process_lists() -> None:
+    state = parse_probe_output(
+        probe_text(
+            gpus=capture("nvsmi_csv_nounits_busy.txt"),
+            apps=(f"618, 21482, {UUID}\n700, 100, {UUID}", 0),
+            apps_after=(f"800, 50, {UUID}\n618, 9000, {UUID}", 0),
+        )
+    )
+    assert state.gpu_error is None
+    assert state.gpu_processes == (
+        GpuProcess(618, UUID, 9000),
+        GpuProcess(700, UUID, 0),
+        GpuProcess(800, UUID, 0),
+    )
+
+
+@pytest.mark.parametrize(
+    ("after", "reason"),
+    [
+        (("Failed to initialize NVML", 9), r"^nvidia-smi --query-compute-apps \(the second\) failed \(exit 9\): Failed"),
+        (("", 124), r"^nvidia-smi --query-compute-apps \(the second\) timed out after 10 s$"),
+        (("garbage here", 0), "^nvidia-smi compute-apps query: expected 3 fields, got 1"),
+    ],
+)
+def test_a_failing_second_process_list_leaves_a_cpu_host(after: tuple[str, int], reason: str) -> None:
+    state = parse_probe_output(
+        probe_text(gpus=capture("nvsmi_csv_nounits_busy.txt"), apps=("", 0), apps_after=after)
+    )
+    assert state.gpus == () and state.gpu_processes == ()
+    assert state.gpu_error is not None and re.search(reason, state.gpu_error), state.gpu_error
+
+
+def test_a_probe_without_its_second_process_list_leaves_a_cpu_host() -> None:
+    text = probe_text(gpus=capture("nvsmi_csv_nounits_busy.txt"), apps=("", 0))
+    text = re.sub(r"@@ssh_scheduler:gpu_processes_after@@\n.*?0@@\n", "", text, flags=re.S)
+    state = parse_probe_output(text)
+    assert state.gpus == ()
+    assert state.gpu_error == "nvidia-smi --query-compute-apps (the second) did not report"
+
+
 # ---------------------------------------------------------------- /proc and nproc
 
 
@@ -279,10 +359,12 @@ def probe_text(
     *,
     gpus: tuple[str, int] | None = None,
     apps: tuple[str, int] | None = None,
+    apps_after: tuple[str, int] | None = None,
     user: str = "alice",
     banner: str = "",
 ) -> str:
-    """Probe output as PROBE_COMMAND prints it, built from the real host capture."""
+    """Probe output as PROBE_COMMAND prints it, built from the real host capture (the second
+    process list the same as the first unless given)."""
     nproc, loadavg, meminfo = host_parts()
     parts = [banner, "@@ssh_scheduler:begin@@"]
 
@@ -300,6 +382,8 @@ def probe_text(
         section("gpus", *gpus)
     if apps is not None:
         section("gpu_processes", *apps)
+    if apps_after is not None or (apps is not None and gpus is not None):
+        section("gpu_processes_after", *(apps_after or apps or ("", 0)))
     parts.append("@@ssh_scheduler:end@@")
     return "\n".join(part for part in parts if part) + "\n"
 
@@ -485,6 +569,30 @@ def test_probe_command_with_fake_nvidia_smi(tmp_path: Path) -> None:
     assert state.gpus == (BUSY_GPU,)
     assert state.gpu_processes == (GpuProcess(618, UUID, 21482),)
     assert state.gpu_error is None
+
+
+@pytest.mark.parametrize(
+    ("failing", "calls"),
+    [
+        ("", "--query-compute-apps --query-gpu --query-compute-apps"),
+        ("--query-compute-apps", "--query-compute-apps"),
+        ("--query-gpu", "--query-compute-apps --query-gpu"),
+    ],
+)
+def test_the_probe_lists_processes_reads_memory_lists_again_and_stops_at_a_failure(
+    tmp_path: Path, failing: str, calls: str
+) -> None:
+    """The order the GPU accounting relies on; and after a failing query (a wedged driver
+    would make every later one wait out its timeout) the probe asks nothing more."""
+    log = tmp_path / "calls"
+    fake = (
+        f'echo "${{1%%=*}}" >>{log}\n'
+        f'case "${{1%%=*}}" in {failing or "none"}) echo wedged; exit 3 ;; esac\n'
+        'case "$1" in --query-gpu=*) echo "0, U, N, 100, 0, 100, 0" ;; esac\n'
+    )
+    state = parse_probe_output(run_probe(hermetic_bin(tmp_path, fake)))
+    assert log.read_text().split() == calls.split()
+    assert (state.gpu_error is None) == (not failing), state.gpu_error
 
 
 def test_probe_command_with_failing_nvidia_smi(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ Failure policy:
   :class:`~ssh_scheduler.errors.ProbeError` with a one-line reason: the host is unusable.
 * A host without ``nvidia-smi`` simply has no GPUs; that is not an error.
 * A host whose ``nvidia-smi`` exists but fails (non-zero exit, timeout, unparsable output, in
-  either query) gets ``gpus=()`` and a reason in :attr:`HostState.gpu_error`: it still runs
+  any of its queries) gets ``gpus=()`` and a reason in :attr:`HostState.gpu_error`: it still runs
   CPU-only jobs, and the reason can be shown to the user.  The process query failing counts as
   a GPU failure too, because without it other users' processes cannot be told from ours.
 """
@@ -33,6 +33,7 @@ __all__ = [
     "GPU_QUERY_FIELDS",
     "PROBE_COMMAND",
     "PROBE_SCRIPT",
+    "listed_throughout",
     "parse_compute_apps",
     "parse_gpu_query",
     "parse_loadavg",
@@ -80,13 +81,14 @@ PROBE_SCRIPT = " ".join(
         f'then t="timeout -k 5 {_NVSMI_TIMEOUT_S}";',
         f"elif timeout {_NVSMI_TIMEOUT_S} true >/dev/null 2>&1;",
         f'then t="timeout {_NVSMI_TIMEOUT_S}"; fi;',
-        # Processes first, memory second: a process starting between the two calls is then
-        # counted in memory.used but missing from the list, i.e. as someone else's memory
-        # (never too little); the other order hid it (see allocate's GPU memory rule).
+        # The processes are listed before and after the memory is read (see
+        # listed_throughout): a process that starts, grows, frees its memory or ends between
+        # the calls then never hides memory no listed process accounts for.
         f"m gpu_processes; $t {_APPS_QUERY} 2>&1; s=$?; m status gpu_processes $s;",
-        # A wedged driver would make the second query wait out its timeout too: skip it.
-        f'm gpus; if [ "$s" = 0 ]; then $t {_GPU_QUERY} 2>&1; else (exit $s); fi;',
-        "m status gpus $?;",
+        # A wedged driver would make the next query wait out its timeout too: skip it.
+        f'm gpus; if [ "$s" = 0 ]; then $t {_GPU_QUERY} 2>&1; s=$?; fi; m status gpus $s;',
+        f'm gpu_processes_after; if [ "$s" = 0 ]; then $t {_APPS_QUERY} 2>&1; s=$?; fi;',
+        "m status gpu_processes_after $s;",
         "fi;",
         "m end",
     )
@@ -266,6 +268,48 @@ def parse_compute_apps(text: str) -> tuple[GpuProcess, ...]:
     return tuple(processes)
 
 
+def listed_throughout(
+    before: tuple[GpuProcess, ...], after: tuple[GpuProcess, ...]
+) -> tuple[GpuProcess, ...]:
+    """One probe's GPU processes from its two process lists, taken before and after it read
+    ``memory.used``: every process either list shows (per pid and GPU), at the smaller of its
+    two figures, 0 where one list lacks it.
+
+    The planner counts as someone else's the memory no listed process accounts for,
+    ``memory.used`` minus the listed figures, so a listed figure must not be larger than what
+    the process held when the memory was read.  With one list, taken before the read, a job of
+    ours that freed its memory (or ended) in between still showed its old figure, and hid as
+    much memory no list shows (another container's) until the next probe.  A process whose
+    memory went one way between the two lists held at least the smaller figure at the read;
+    one listed only before or only after held nothing at the read, or is counted in
+    ``memory.used`` as someone else's.  Counting too little for a process only ever moves its
+    memory to the unaccounted part, until the next probe: never too little in all.  (One that
+    frees its memory and takes it again, all between the two lists, is beyond any probe.)
+    Processes keep the order of the first list, then the second's new ones."""
+    earlier, later = _per_process(before), _per_process(after)
+    merged = [
+        GpuProcess(pid, uuid, min(mb, later[pid, uuid][0]) if (pid, uuid) in later else 0, name)
+        for (pid, uuid), (mb, name) in earlier.items()
+    ]
+    merged += [
+        GpuProcess(pid, uuid, 0, name)
+        for (pid, uuid), (_mb, name) in later.items()
+        if (pid, uuid) not in earlier
+    ]
+    return tuple(merged)
+
+
+def _per_process(listing: tuple[GpuProcess, ...]) -> dict[tuple[int, str], tuple[int, str | None]]:
+    """One process list by pid and GPU: the MiB (a process listed twice on one GPU, summed) and
+    the name."""
+    found: dict[tuple[int, str], tuple[int, str | None]] = {}
+    for process in listing:
+        key = (process.pid, process.gpu_uuid)
+        mb, name = found.get(key, (0, process.process_name))
+        found[key] = (mb + process.used_memory_mb, name)
+    return found
+
+
 def parse_meminfo(text: str) -> tuple[int, int]:
     """``/proc/meminfo`` -> ``(total_mb, available_mb)`` in MiB (kB there means KiB).
 
@@ -404,12 +448,16 @@ def parse_probe_output(text: str) -> HostState:
     gpus: tuple[GpuState, ...] = ()
     processes: tuple[GpuProcess, ...] = ()
     gpu_error = None
-    if "gpus" in sections or "gpu_processes" in sections:
+    if sections.keys() & {"gpus", "gpu_processes", "gpu_processes_after"}:
         try:  # in the order the probe runs them, so the first failure is the one reported
-            processes = parse_compute_apps(
+            before = parse_compute_apps(
                 _nvidia_smi(sections, "gpu_processes", "--query-compute-apps")
             )
             gpus = parse_gpu_query(_nvidia_smi(sections, "gpus", "--query-gpu"))
+            after = parse_compute_apps(
+                _nvidia_smi(sections, "gpu_processes_after", "--query-compute-apps (the second)")
+            )
+            processes = listed_throughout(before, after)
         except ProbeError as err:
             gpus, processes, gpu_error = (), (), str(err)
     return HostState(

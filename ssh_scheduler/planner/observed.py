@@ -12,13 +12,16 @@ capacity(g)``); this module reads its terms from one probe (pure, no state of it
   on a GPU it was not placed on) plus the memory no listed process accounts for:
   ``memory.used - sum(listed processes)``, at least 0.
 
-Why not ``memory.free + observed``: the process list and ``memory.free`` come from two
+Why not ``memory.free + observed``: the process list and ``memory.free`` come from separate
 ``nvidia-smi`` calls, and a job that started between them was added back as observed to a free
 figure that never subtracted it (three 6500 MiB jobs on one 16384 MiB GPU).  The probe lists
-processes first: a process that starts between the two calls is then in ``memory.used`` but not
-in the list, so it counts as someone else's until the next probe: never too little.  (A process
-that ends between them can make the unaccounted part look smaller: the ledger keeps a released
-job's observed memory charged as a *ghost* for that.)
+the processes before and after it reads the memory, and counts each at the smaller of its two
+figures (:func:`~ssh_scheduler.machines.probe.listed_throughout`): a process that starts
+between the calls is in ``memory.used`` but at 0 in the list, and one that frees its memory or
+ends between them is no longer counted at its old figure, so what they hold or held counts as
+someone else's until the next probe: never too little.  (A probe that lands after its job was
+released can still list that job's memory, which the ledger then no longer charges: it keeps a
+released job's observed memory charged as a *ghost* for that.)
 """
 
 from __future__ import annotations
