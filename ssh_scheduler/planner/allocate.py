@@ -29,10 +29,12 @@ Accounting rules (all memory in MiB, as ``nvidia-smi`` reports it):
   ``observed(j, g)`` (what job j's processes use on g) and ``others(g)`` (everyone else's, and
   what no listed process accounts for) are read from each probe by
   :func:`~ssh_scheduler.planner.observed.observe`, which says why they are counted as they are.
-  ``free`` is what is left of capacity.  A process that ends between the probe's two
-  ``nvidia-smi`` calls can make the unaccounted part look smaller; so a released job's observed
-  memory stays charged as a *ghost* until a probe requested after the release lands
-  (:meth:`MachineResources.probe_started`).  GPUs of different sizes are compared in MiB, never as
+  ``free`` is what is left of capacity.  A released job's observed memory stays charged as a
+  *ghost* until a probe requested after the release lands
+  (:meth:`MachineResources.probe_started`): a probe already on its way may have read the memory
+  while the job still held it.  (A job that frees memory while a probe reads it is handled by the
+  probe itself: :func:`ssh_scheduler.machines.probe.listed_throughout` counts each process at the
+  smaller of the figures its two process lists show.)  GPUs of different sizes are compared in MiB, never as
   a fraction of a GPU.
 * **GPU utilization** on g: a job asking ``u`` fits if ``others_util(g) + sum(u of our jobs on g)
   + u <= 1 + GPU_UTILIZATION_TOLERANCE``.  ``nvidia-smi`` cannot split utilization by process,
