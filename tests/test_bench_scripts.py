@@ -232,3 +232,24 @@ if __name__ == "__main__":
         print(json.dumps(import_graph(Path(argument))))
     else:
         importlib.import_module(argument)
+
+
+def test_the_functions_scenario_judges_every_round_and_renders(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Its targets are per-round ratios against Dask (a single median ratio crashed the table at
+    the end of a whole run, after every round had been measured, and lost the run)."""
+    driver(monkeypatch)  # scripts/ on sys.path, as the driver has it
+    Run = importlib.import_module("bench_driver.measure").Run
+    functions = importlib.import_module("bench_driver.scenarios.functions")
+    render_table = importlib.import_module("bench_driver.table").render_table
+    bench = SimpleNamespace(quick=True, root=tmp_path, machines=lambda names: [f"{n}.yaml" for n in names], env={})
+    scenario = functions.scenario_functions(bench)
+    walls = {functions.DASK: [2.5, 2.4, 2.9], functions.EXECUTOR: [26.0, 26.2, 27.1]}
+    for tool in scenario.tools:
+        for n, wall in enumerate(walls.get(tool.name, [1.0, 1.2, 1.1])):
+            tool.runs.append(Run(wall, 0, 0.0, 0.0, 0.0, 0.0, ok=True, round_no=n))
+    targets = scenario.targets(scenario)
+    by_row = {t.row: t for t in targets}
+    assert by_row[functions.EXECUTOR].values == pytest.approx([2.5 / 26.0, 2.4 / 26.2, 2.9 / 27.1])
+    assert by_row[functions.EXECUTOR].met is False
+    assert by_row[functions.CHUNKED].worst == pytest.approx(2.4 / 1.2) and by_row[functions.CHUNKED].met is True
+    assert functions.CHUNKED in render_table([scenario], {scenario.sid: targets})
