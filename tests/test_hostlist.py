@@ -50,6 +50,8 @@ from ssh_scheduler.machines.hostlist import MAX_EXPANSION, expand, fold
         ("a[1-6]^a[4-9]!a3,a3", ["a1", "a2", "a7", "a8", "a9", "a3"]),  # a3 joins again, last
         ("a[1-6]&a[3-9]", ["a3", "a4", "a5", "a6"]),
         ("a[1-9]&a[6,2]", ["a2", "a6"]),  # the order of the set, not of the operand
+        ("n3,n1,n2&n[2-3]", ["n3", "n2"]),  # the set's order also when the operand is smaller
+        ("n1^n3,n2&n[2-3]", ["n3", "n2"]),  # names joined by '^' keep their place too
     ],
 )
 def test_expand(pattern: str, expected: list[str]) -> None:
@@ -63,7 +65,9 @@ def test_expand(pattern: str, expected: list[str]) -> None:
         ("gpu[", "never closed"),
         ("gpu[1-2", "never closed"),
         ("gpu1-2]", "without a matching"),
+        ("a]b[1]", "without a matching"),  # also when a range follows
         ("gpu[a-b]", "'a-b'"),
+        ("gpu[*]", "'*' is not a number"),  # inside brackets: a bad number, not a wildcard
         ("gpu[1-]", "'1-'"),
         ("gpu[-3]", "'-3'"),
         ("gpu[]", "empty brackets"),
@@ -125,6 +129,29 @@ def test_expand_limit_is_exact() -> None:
         expand(f"n[0-{MAX_EXPANSION}]")
 
 
+def test_a_range_over_the_limit_says_its_exact_size() -> None:
+    """The limit counts distinct names exactly (ranges of a bracket merged where they overlap),
+    before building them; a name and one range over the limit says how many names it would be,
+    a pattern of several ranges only that it is over."""
+    n = MAX_EXPANSION
+    assert len(expand(f"n[1-60000,50001-{n}]")) == n
+    for pattern, size in [
+        (f"n[0-{n}]", n + 1),
+        (f"n[1-60000,50001-{n + 1}]", n + 1),
+        (f"n[1-{n},{n + 1}-{n + 2}]", n + 2),
+    ]:
+        with pytest.raises(ConfigError) as info:
+            expand(pattern)
+        assert str(info.value) == (
+            f"host range {pattern!r} expands to {size} names, more than the limit of {n} names (use a smaller range)"
+        )
+    with pytest.raises(ConfigError) as info:
+        expand("r[1-1000]n[1-1000]")
+    assert str(info.value) == (
+        f"host range 'r[1-1000]n[1-1000]' expands to more than the limit of {n} names (use a smaller range)"
+    )
+
+
 @pytest.mark.parametrize(
     ("names", "expected"),
     [
@@ -139,6 +166,9 @@ def test_expand_limit_is_exact() -> None:
         (["a", "b", "gpu2", "gpu1"], "a,b,gpu[1-2]"),
         (["r1n1", "r1n2", "r2n1"], "r1n[1-2],r2n1"),
         (["r10n1", "r2n1", "r2n2"], "r2n[1-2],r10n1"),  # prefixes compared numerically
+        (["10x1", "10x2", "2x1", "2x2"], "2x[1-2],10x[1-2]"),  # also a prefix's first digits
+        (["x1", "x2", "1x1", "1x2"], "1x[1-2],x[1-2]"),  # digits before letters, as in ASCII
+        (["abc1", "abc0", "abc"], "abc,abc[0-1]"),  # a plain name before its prefix's range
         (["gpu1.lan", "gpu2.lan", "gpu3"], "gpu3,gpu[1-2].lan"),
         (["10.0.0.1", "10.0.0.2"], "10.0.0.[1-2]"),
         (["x9", "x10", "x11", "x13"], "x[9-11,13]"),
