@@ -56,3 +56,57 @@ def test_a_job_cancelled_before_it_had_a_host_is_recorded_as_a_rerun_can_read_it
         writer(JobCancelled(job="running", host="h1"))
     entries = read_journal(tmp_path)
     assert [(e["job"], e["state"], e.get("host")) for e in entries] == [("queued", "cancelled", None), ("running", "cancelled", "h1")]
+
+
+def test_each_state_change_is_one_line_with_what_a_rerun_reads(tmp_path: Path) -> None:
+    """What the journal writes for each event, field by field (a rerun, `status` and `report`
+    read these lines back), and the wall-clock time of each line."""
+    import time
+
+    from ssh_scheduler.events import (
+        BatchStarted,
+        JobFailed,
+        JobFinished,
+        JobPlaced,
+        JobRequeued,
+        JobRetrying,
+        JobStarted,
+    )
+    from ssh_scheduler.results.journal import JournalWriter
+
+    before = time.time()
+    with Journal.open(tmp_path) as journal:
+        writer = JournalWriter(journal)
+        writer(BatchStarted(t=0, token="0123456789abcdef", jobs=3, hosts=("h1",)))
+        writer(JobPlaced(t=0, job="a", host="h1", gpus=(0, 2), command="echo a"))
+        writer(JobStarted(t=0, job="a", host="h1", gpus=(0, 2), command="echo a", attempt=2))
+        writer(JobRetrying(t=0, job="a", host="h1", code=3, attempt=1, attempts=2))
+        writer(JobRequeued(t=0, job="a", host="h1", reason="lost"))
+        writer(
+            JobFinished(
+                t=0, job="a", host="h1", command="echo a", code=0, seconds=1.23456,
+                bytes_received=42,
+            )
+        )  # fmt: skip
+        writer(
+            JobFailed(
+                t=0, job="b", host="h2", command="echo b", code=None, reason="timeout",
+                seconds=2.00049, timed_out=True, bytes_received=7, kept="h2:/tmp/b",
+            )
+        )  # fmt: skip
+        writer(
+            JobFailed(t=0, job="c", host="h2", command="echo c", code=1, reason="exit", seconds=0.5)
+        )
+    after = time.time()
+    entries = read_journal(tmp_path)
+    assert all(before - 0.001 <= e["t"] <= after + 0.001 for e in entries)
+    assert [{k: v for k, v in e.items() if k != "t"} for e in entries] == [
+        {"job": "", "state": "batch", "token": "0123456789abcdef", "jobs": 3},
+        {"job": "a", "state": "placed", "host": "h1", "gpus": [0, 2], "command": "echo a"},
+        {"job": "a", "state": "started", "host": "h1", "gpus": [0, 2], "command": "echo a"},
+        {"job": "a", "state": "retry", "host": "h1", "code": 3},
+        {"job": "a", "state": "requeued", "host": "h1"},
+        {"job": "a", "state": "finished", "code": 0, "host": "h1", "timed_out": False, "seconds": 1.235, "bytes": 42},
+        {"job": "b", "state": "failed", "code": None, "host": "h2", "timed_out": True, "seconds": 2.0, "bytes": 7, "kept": "h2:/tmp/b"},
+        {"job": "c", "state": "failed", "code": 1, "host": "h2", "timed_out": False, "seconds": 0.5, "bytes": 0},
+    ]  # fmt: skip
