@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from ssh_scheduler.jobs.batch_file import Job
 from ssh_scheduler.planner.policy import Resumable
 from ssh_scheduler.results.journal import (
@@ -110,3 +112,61 @@ def test_each_state_change_is_one_line_with_what_a_rerun_reads(tmp_path: Path) -
         {"job": "b", "state": "failed", "code": None, "host": "h2", "timed_out": True, "seconds": 2.0, "bytes": 7, "kept": "h2:/tmp/b"},
         {"job": "c", "state": "failed", "code": 1, "host": "h2", "timed_out": False, "seconds": 0.5, "bytes": 0},
     ]  # fmt: skip
+
+
+def test_a_full_disk_loses_no_line_and_the_batch_hears_it_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What cannot be written waits in memory, in order, and goes out with the next line that
+    can (the rest of a short write first); `on_failure` hears it once; what still waits at the
+    close is the batch's failure, counted in lines."""
+    import errno
+    import logging
+    import os
+
+    from ssh_scheduler.errors import LocalWriteError
+
+    real_write = os.write
+    disk = {"full": False, "short": False}
+
+    def write(fd: int, data: bytes) -> int:
+        if disk["full"]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        if disk["short"]:
+            disk["short"] = False
+            return real_write(fd, data[:5])
+        return real_write(fd, data)
+
+    heard: list[str] = []
+    with Journal.open(tmp_path, on_failure=heard.append) as journal:
+        monkeypatch.setattr(os, "write", write)
+        journal.record("a", "placed", host="h1", gpus=[], command="echo a")
+        disk["full"] = True
+        journal.record("a", "started", host="h1", gpus=[], command="echo a")
+        journal.record("b", "placed", host="h1", gpus=[], command="echo b")
+        assert len(heard) == 1 and JOURNAL_NAME in heard[0] and "No space left" in heard[0]
+        disk["full"], disk["short"] = False, True
+        with caplog.at_level(logging.INFO, logger="ssh_scheduler.results.journal"):
+            journal.record("b", "started", host="h1", gpus=[], command="echo b")
+        assert f"{JOURNAL_NAME}: written again" in caplog.text
+        monkeypatch.undo()
+    assert [(e["job"], e["state"]) for e in read_journal(tmp_path)] == [
+        ("a", "placed"), ("a", "started"), ("b", "placed"), ("b", "started"),
+    ]  # fmt: skip
+    assert len(heard) == 1
+
+    later = tmp_path / "later"
+    later.mkdir()
+    with (
+        pytest.raises(LocalWriteError) as err,
+        Journal.open(later, on_failure=heard.append) as journal,
+    ):
+        monkeypatch.setattr(os, "write", write)
+        disk["full"] = True
+        journal.record("c", "placed", host="h1", gpus=[], command="echo c")
+        journal.record("c", "started", host="h1", gpus=[], command="echo c")
+    monkeypatch.undo()
+    assert "No space left" in str(err.value)
+    assert str(err.value).endswith(
+        ": 2 lines of the journal could not be written; a rerun runs those jobs again"
+    )
