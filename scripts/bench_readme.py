@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench_driver.records import fmt_num
+
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 BEGIN = re.compile(r"^<!-- bench-table: (\S+) .*-->$", re.M)
@@ -46,15 +48,8 @@ def refusal(result: dict[str, Any]) -> str | None:
 
 
 def fmt(x: float | None) -> str:
-    if x is None:
-        return "-"
-    if abs(x) >= 100:
-        return f"{x:,.0f}"
-    if abs(x) >= 10:
-        return f"{x:.1f}"
-    if abs(x) >= 1:
-        return f"{x:.2f}"
-    return f"{x:.3f}"
+    """A stored value as the driver's own table writes it (``-``: no value that round)."""
+    return "-" if x is None else fmt_num(x)
 
 
 def worst(target: dict[str, Any]) -> float | None:

@@ -18,6 +18,8 @@ SCRIPT = REPO / "scripts" / "bench_readme.py"
 
 
 def bench_readme() -> ModuleType:
+    if str(SCRIPT.parent) not in sys.path:  # as when it runs: scripts/ first (bench_driver)
+        sys.path.insert(0, str(SCRIPT.parent))
     spec = importlib.util.spec_from_file_location("bench_readme", SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
