@@ -6,16 +6,15 @@ imports it; without it the backend's import is one line with the fix)."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from ssh_scheduler.events import Event, EventBus, JobCancelled, JobFailed, JobFinished, JobStarted
 from tests.cluster import Cluster
+from tests.sweep_project import machines, project_folder  # noqa: F401  (the fixture "project")
 
 joblib = pytest.importorskip("joblib")
 import ssh_scheduler.functions.joblib_backend  # noqa: E402,F401  (registers the backend)
@@ -23,21 +22,6 @@ import ssh_scheduler.functions.joblib_backend  # noqa: E402,F401  (registers the
 HERE = Path(__file__).parent
 REPO = HERE.parent
 CHEAP = {"no_gpu_required": True, "num_cpus": 1, "memory_required": 10}
-
-
-@pytest.fixture
-def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    folder = tmp_path / "project"
-    folder.mkdir()
-    shutil.copy(HERE / "sweep_work.py", folder / "sweep_work.py")
-    monkeypatch.syspath_prepend(str(folder))
-    monkeypatch.chdir(folder)
-    yield folder
-    sys.modules.pop("sweep_work", None)
-
-
-def machines(cluster: Cluster) -> list[str]:
-    return [str(p) for p in cluster.machine_files]
 
 
 class UnderWay:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ import pytest
 from ssh_scheduler import Executor
 from ssh_scheduler.functions.outcome import read_outcome
 from tests.cluster import Cluster
+from tests.sweep_project import machines, project_folder  # noqa: F401  (the fixture "project")
 
 HERE = Path(__file__).parent
 REPO = HERE.parent
@@ -52,18 +52,6 @@ num_zmode: [1, 2]
 
 
 @pytest.fixture
-def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """The user's folder, holding their module ``sweep_work.py``: copied forward, results kept there."""
-    folder = tmp_path / "project"
-    folder.mkdir()
-    shutil.copy(HERE / "sweep_work.py", folder / "sweep_work.py")
-    monkeypatch.syspath_prepend(str(folder))
-    monkeypatch.chdir(folder)
-    yield folder
-    sys.modules.pop("sweep_work", None)
-
-
-@pytest.fixture
 def hosts(cluster4: Cluster) -> Iterator[Cluster]:
     """The cluster with its homes' logs and failure markers cleared."""
 
@@ -75,10 +63,6 @@ def hosts(cluster4: Cluster) -> Iterator[Cluster]:
     clear()
     yield cluster4
     clear()
-
-
-def machines(cluster: Cluster) -> list[str]:
-    return [str(p) for p in cluster.machine_files]
 
 
 def runs(cluster: Cluster) -> list[str]:
