@@ -18,25 +18,21 @@ Prints one JSON line: {"jobs": N, "failed": F, "seconds": T, "connect_s": C}.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import shlex
 import sys
-import time
 from pathlib import Path
 
 import asyncssh
-from bench_kex import add_pinning, asyncssh_options
+from bench_floor_common import floor_main
 
 HOST_PROGRAM = Path(__file__).with_name("bench_agent_floor_host.py")
 
 
-async def one_host(
-    conn: asyncssh.SSHClientConnection, queue: asyncio.Queue[str], per_host: int, counts: dict[str, int]
-) -> None:
+async def one_host(conn: asyncssh.SSHClientConnection, queue: asyncio.Queue[str], per_host: int) -> tuple[int, int]:
     """Start the agent on the host, keep ``per_host`` jobs in flight until the queue is empty,
-    then end its stdin and wait for it to exit."""
+    then end its stdin and wait for it to exit; (done, failed)."""
+    counts = {"sent": 0, "done": 0, "failed": 0}
     command = f"exec python3 -u -I -S -c {shlex.quote(HOST_PROGRAM.read_text())} {per_host}"
     async with conn.create_process(command, encoding=None) as agent:
 
@@ -60,52 +56,8 @@ async def one_host(
             in_flight += send_next() - 1
         agent.stdin.write_eof()
         await agent.wait()
-
-
-async def main_async(args: argparse.Namespace) -> dict[str, float | int]:
-    t0 = time.perf_counter()
-    commands = [line for line in Path(args.batch).read_text().splitlines() if line.strip()]
-    queue: asyncio.Queue[str] = asyncio.Queue()
-    for command in commands:
-        queue.put_nowait(command)
-    targets = []
-    for spec in args.hosts:
-        user, _, hostport = spec.rpartition("@")
-        host, _, port = hostport.partition(":")
-        targets.append((user, host, int(port or 22)))
-    options = asyncssh_options(args)
-    conns = await asyncio.gather(
-        *(asyncssh.connect(host, port=port, username=user, **options) for user, host, port in targets)
-    )
-    connect_s = time.perf_counter() - t0
-    counts = {"sent": 0, "done": 0, "failed": 0}
-    try:
-        await asyncio.gather(*(one_host(c, queue, args.per_host, counts) for c in conns))
-    finally:
-        for conn in conns:
-            conn.close()
-        await asyncio.gather(*(c.wait_closed() for c in conns))
-    return {
-        "jobs": counts["done"],
-        "failed": counts["failed"],
-        "seconds": round(time.perf_counter() - t0, 4),
-        "connect_s": round(connect_s, 4),
-    }
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("batch")
-    ap.add_argument("hosts", nargs="+", help="USER@IP[:PORT]")
-    ap.add_argument("--key", required=True)
-    ap.add_argument("--known-hosts", required=True)
-    ap.add_argument("--per-host", type=int, default=4, help="jobs at once per host (its slots)")
-    add_pinning(ap)
-    args = ap.parse_args()
-    result = asyncio.run(main_async(args))
-    print(json.dumps(result))
-    return 1 if result["failed"] else 0
+    return counts["done"], counts["failed"]
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(floor_main(__doc__.splitlines()[0], "jobs at once per host (its slots)", one_host))

@@ -17,7 +17,7 @@ from bench_driver.base import PY, REPO
 
 # What measures (the driver, its floors and peers' helpers, the test cluster): a change there
 # changes the numbers too, so the result says when it was not committed.
-BENCH_CODE = ("scripts/bench", "scripts/bench_run.py", "scripts/bench_driver", "scripts/bench_floor.py",
+BENCH_CODE = ("scripts/bench", "scripts/bench_run.py", "scripts/bench_driver", "scripts/bench_floor.py", "scripts/bench_floor_common.py",
               "scripts/bench_agent_floor.py", "scripts/bench_agent_floor_host.py", "scripts/bench_fanout.py",
               "scripts/bench_kex.py", "scripts/bench_slurm.py", "scripts/bench_combine.py", "tests/cluster")
 
