@@ -9,6 +9,7 @@ import concurrent.futures
 import itertools
 import os
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Iterator
@@ -267,13 +268,14 @@ def test_the_executors_batch_keeps_its_event_file_for_attach_and_report(project:
     assert sorted(a.job for a in history.attempts) == sorted(jobs)
     assert {a.host for a in history.attempts} == {"localhost"} and history.probes
     assert history.exit_lines[0].startswith("done: 3 finished, 0 failed, 0 skipped")
-    ex = Executor(**CHEAP)
+    started = threading.Event()
+    bus = EventBus()
+    bus.subscribe(lambda e: started.set() if isinstance(e, JobStarted) else None)
+    ex = Executor(bus=bus, **CHEAP)
     running = ex.submit(time.sleep, 600)
-    wait_for = time.monotonic() + 60
-    while not running.running():
-        assert time.monotonic() < wait_for, "the call never started"
-        time.sleep(0.05)
+    assert started.wait(60), "the call never started"
     ex.stop()
+    assert running.cancelled() or running.done()
     history = read_history(results, running=False, now=time.time())
     assert history.from_events and history.exit_code == 130 and history.exit_lines == [CANCELLED_LINE]
 
