@@ -263,7 +263,7 @@ def parse_sweep(text: str, path: str) -> SweepSpec:
     unknown = sorted(str(k) for k in header if k not in ("template", "default", "call"))
     if unknown:
         raise ConfigError(
-            f"{_where(path, 1, unknown[0])}: unknown key in the header (it holds template, "
+            f"{_where(path, 1, unknown[0])}: unknown key in the header (it holds template or call, "
             "default and needs; parameters to sweep go in a '---' document after it)"
         )
     call = _call(header, path)
