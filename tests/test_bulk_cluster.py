@@ -14,6 +14,7 @@ import base64
 import hashlib
 import json
 import os
+import socket
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -272,7 +273,7 @@ def test_a_temporary_file_left_by_a_killed_agent_is_replaced(tmp_path: Path) -> 
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
     key = key_of(b"again")
-    (cache / f"{key}.put-{os.getpid()}").write_bytes(b"half")  # what a killed agent left
+    (cache / f"{key}.put-{socket.gethostname()}-{os.getpid()}").write_bytes(b"half")  # a killed agent's
     fd = folder_fd(cache)
     assert G.keep_in_cache(fd, key, b"again") is None
     os.close(fd)

@@ -50,15 +50,25 @@ def test_execute_remote_keeps_output_on_the_host_while_it_runs_and_cleans_up_on_
         [*EXECUTE_REMOTE, "--machine", str(host.machine_file), "--job-name", "kept", "echo early; sleep 300"],
         cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    assert proc.stdout is not None
-    assert proc.stdout.readline() == "early\n"
-    # While it runs, the host keeps the job's output next to its folder (as for batch jobs, so a
-    # coordinator that reattaches can catch up).
-    kept = [p for p in jobs_folder(host).glob("*-kept.out")]
-    assert kept and kept[0].read_text() == "early\n"
-    proc.send_signal(signal.SIGINT)
-    proc.communicate(timeout=60)
-    assert proc.returncode == 130
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "early\n"
+        # While it runs, the host keeps the job's output next to its folder (as for batch jobs, so
+        # a coordinator that reattaches can catch up).  The agent sends output home first and then
+        # writes the host's copy (CI saw the line here before the file): a bounded wait.
+        deadline = time.monotonic() + 30
+        kept = [p.read_text() for p in jobs_folder(host).glob("*-kept.out")]
+        while kept != ["early\n"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+            kept = [p.read_text() for p in jobs_folder(host).glob("*-kept.out")]
+        assert kept == ["early\n"]
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+        assert proc.returncode == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
     deadline = time.monotonic() + 30  # a safety bound only: the removal is awaited before exit
     while any(jobs_folder(host).glob("*-kept*")) and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -150,7 +150,7 @@ class FileOperations(object):
                 if before[1] == st.st_mtime_ns and before[2] == st.st_size:
                     return None  # an untouched input
                 # Rewritten in place through the shared link: the cache entry is spoiled.
-                self.cache_trust().evict(before[3])
+                self.cache_trust().evict(before[3], st.st_ino)
         if kind == "dir" and not explicit:
             return None  # directories come along with the files in them
         link = R.read_link(folder, rel) if kind == "link" else None

@@ -158,26 +158,35 @@ class CacheTrust(object):
                 with self.lock:
                     self.remember(key, st)
                 return True
-        self.evict(key)
+        self.evict(key, st.st_ino)
         return False
 
     def usable(self, key):
         """May the entry ``key`` be linked into a job now?  Asked at every staging, so cheap:
         one lstat.  An entry as it was checked is; one never checked is what our coordinator
-        uploaded since it asked (by SFTP), taken as it is; one that changed since it was checked
-        (a job wrote through its link, or made it writable) is removed, to be sent again."""
+        uploaded since it asked (by SFTP), taken as it is; one that changed in place since it was
+        checked (a job wrote through its link, or made it writable) is removed, to be sent again.
+        One that is another file under the same name was put there by another agent sharing the
+        cache (a home folder on NFS, or one machine under two names: each put is a rename), and
+        is hashed before it is used or removed: evicting it would evict that agent's good copy,
+        and the two would go on sending and evicting each other's."""
         if not CACHE_KEY.match(key):
             return False
         st = R.lstat(self.cache, key)
         if st is None or not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
             return self.forget(key)
+        now = identity(st)
         with self.lock:
             seen = self.known.get(key)
             if seen is None:
                 self.remember(key, st)
-            if seen is None or seen == identity(st):
+            if seen is None or seen == now:
                 return True
-        self.evict(key)
+        if seen[0] != now[0] and hash_matches(self.cache, key):
+            with self.lock:
+                self.remember(key, st)
+            return True
+        self.evict(key, now[0])
         return False
 
     def learn(self, key):
@@ -198,12 +207,16 @@ class CacheTrust(object):
                 self.changed = True
         return False
 
-    def evict(self, key):
-        """A spoiled entry: removed (the coordinator sends it again) and forgotten."""
-        try:
-            os.unlink(key, dir_fd=self.cache)
-        except OSError:
-            pass
+    def evict(self, key, inode=None):
+        """A spoiled entry: removed (the coordinator sends it again) and forgotten.  With
+        ``inode``, only while the entry is still that file: another agent sharing the cache may
+        have put a good copy in its place since."""
+        st = R.lstat(self.cache, key) if inode is not None else None
+        if inode is None or (st is not None and st.st_ino == inode):
+            try:
+                os.unlink(key, dir_fd=self.cache)
+            except OSError:
+                pass
         self.forget(key)
 
     def save(self):
@@ -263,7 +276,8 @@ def keep_in_cache(cache, key, data):
         return "not a cache key"
     if hashlib.sha256(data).hexdigest() != key[:64]:
         return "the content does not match its hash"
-    tmp = "%s.put-%d" % (key, os.getpid())
+    # The host's name too: agents on several hosts may share the cache (NFS), and pids repeat.
+    tmp = "%s.put-%s-%d" % (key, socket.gethostname().replace("/", "_"), os.getpid())
     try:
         fd = create_private(cache, tmp)
     except FileExistsError:  # an earlier agent's, killed mid-write (the cache is private)
