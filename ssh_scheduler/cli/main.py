@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 import typer
 
-from ssh_scheduler.cli.common import quiet_on_broken_pipe, terminal_line
+from ssh_scheduler.cli.common import err_line, quiet_on_broken_pipe, terminal_line
 from ssh_scheduler.cli.params import expand_multi_value
 
 COMMANDS = ("execute_batch", "execute_remote", "combine_folders", "execute_to", "sweep", "results", "report")
@@ -115,10 +115,35 @@ def show_library_logs(level: int = logging.WARNING) -> None:
         logger.setLevel(level)
 
 
+# typer exports only BadParameter of click's exceptions (and vendors click from 0.21 on, so
+# ``import click`` may fail): its bases are click's UsageError and ClickException.
+_UsageError: type[Exception] = typer.BadParameter.__base__  # type: ignore[assignment]
+_ClickException: type[Exception] = _UsageError.__base__  # type: ignore[assignment]
+
+
 def run_app(app: typer.Typer, args: Sequence[str], prog_name: str) -> None:
+    """Run the app; a command line click refuses (an unknown option, a value of the wrong type,
+    a missing argument) is one ``error:`` line that says where to look, as every other refusal
+    is, not click's framed box of usage, hint and message."""
     show_library_logs()
     with quiet_on_broken_pipe():
-        app(args=expand_multi_value(args), prog_name=prog_name)
+        try:
+            code = app(args=expand_multi_value(args), prog_name=prog_name, standalone_mode=False)
+        except _ClickException as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError":  # no words at all: the help, as before
+                ctx = getattr(exc, "ctx", None)
+                help_text = ctx.get_help() if ctx is not None else ""
+                if help_text:
+                    sys.stdout.write(help_text + "\n")
+                raise SystemExit(2) from None
+            message = exc.format_message()  # type: ignore[attr-defined]
+            hint = f" (see {prog_name} --help)" if isinstance(exc, _UsageError) else ""
+            err_line(f"error: {message.rstrip('.')}{hint}")
+            raise SystemExit(exc.exit_code) from None  # type: ignore[attr-defined]
+        except typer.Abort:
+            err_line("Aborted!")
+            raise SystemExit(1) from None
+    raise SystemExit(code if isinstance(code, int) else 0)
 
 
 def one_command(name: str, args: Sequence[str], prog_name: str) -> None:
