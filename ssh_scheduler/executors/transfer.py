@@ -45,6 +45,7 @@ from ssh_scheduler.jobs.forward import ForwardSet as ForwardSet
 from ssh_scheduler.jobs.forward import Hasher as Hasher
 from ssh_scheduler.jobs.forward import LocalFile as LocalFile
 from ssh_scheduler.jobs.forward import collect_forward as collect_forward
+from ssh_scheduler.results.dir_cursor import DIR_FLAGS, DirCursor
 from ssh_scheduler.results.local_folder import local_write_error
 from ssh_scheduler.transport.base import RemoteFileError, SizeLimitExceeded, printable
 
@@ -228,8 +229,6 @@ def shown(name: object, limit: int = 200) -> str:
     return printable(name if isinstance(name, str) else repr(name), limit)
 
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC  # a link is never followed (ELOOP)
-
 # What a host's names can make creating an entry fail with: a link or file where a folder goes
 # (ELOOP, ENOTDIR), a name twice (EEXIST, EISDIR), a name this file system cannot hold.  Such an
 # entry is skipped with a warning; any other failure (ENOSPC, EDQUOT, EIO, EACCES...) is here,
@@ -242,38 +241,15 @@ _WRITE_FAILED = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, e
 
 
 class _SafeTree:
-    """Creates entries under one root directory without ever following a symlink.
-
-    The descriptors of the last directory's path are kept, and a next entry opens only what
-    differs from it: a listing in tree order opens each directory about once, not once per
-    entry and level."""
+    """Creates entries under one root directory without ever following a symlink (its folders
+    entered through a :class:`DirCursor`, made 0755 where missing)."""
 
     def __init__(self, root_fd: int) -> None:
         self.root_fd = root_fd
-        self._names: list[str] = []
-        self._fds: list[int] = []
+        self._cursor = DirCursor(root_fd, create=True, mode=0o755)
 
     def _enter(self, parts: Sequence[str]) -> int:
-        common = 0
-        limit = min(len(parts), len(self._names))
-        while common < limit and self._names[common] == parts[common]:
-            common += 1
-        while len(self._fds) > common:
-            os.close(self._fds.pop())
-            self._names.pop()
-        for part in parts[common:]:
-            fd = self._fds[-1] if self._fds else self.root_fd
-            # Open first, make only when missing: most files land in folders made already, and
-            # a mkdir that fails with EEXIST still locks the parent folder.
-            try:
-                nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
-            except FileNotFoundError:
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(part, 0o755, dir_fd=fd)
-                nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
-            self._fds.append(nxt)
-            self._names.append(part)
-        return self._fds[-1] if self._fds else self.root_fd
+        return self._cursor.enter(parts)
 
     def mkdir(self, rel: str) -> None:
         self._enter(rel.split("/"))
@@ -290,9 +266,7 @@ class _SafeTree:
         os.symlink(target, name, dir_fd=self._enter(parents))
 
     def close(self) -> None:
-        while self._fds:
-            os.close(self._fds.pop())
-        self._names.clear()
+        self._cursor.close()
 
 
 async def fetch_back(
@@ -367,7 +341,7 @@ async def fetch_back(
     prefetch = bulk.Prefetch(host, jobdir, small, byte_limit)
     tree: _SafeTree | None = None
     try:
-        tree = _SafeTree(os.open(staging, _DIR_FLAGS, dir_fd=dest.folder))
+        tree = _SafeTree(os.open(staging, DIR_FLAGS, dir_fd=dest.folder))
         fetch = _Fetch(host, jobdir, dest, tree, report, limits, prefetch)
         for entry in listing:
             await fetch.entry(entry)

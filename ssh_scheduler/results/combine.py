@@ -38,13 +38,13 @@ from ssh_scheduler.results.combine_plan import (
 )
 from ssh_scheduler.results.combine_tree import (
     COPY_CHUNK,
-    DIR_FLAGS,
     HASH_CHUNK,
     KEPT_MODE_BITS,
     READ_FLAGS,
     TEMP_FLAGS,
     one_line,
 )
+from ssh_scheduler.results.dir_cursor import DirCursor
 
 __all__ = ["combine_folders"]
 
@@ -93,61 +93,6 @@ def combine_folders(
             out(one_line(f"link {os.path.join(plan.dest_label, link.rel)} -> {link.target}"))
         return CombineReport(len(plan.copies), plan.identical, len(plan.links), plan.skipped)
     return _execute(plan, warn)
-
-
-class _DirCursor:
-    """Descriptors for one directory path below a root, each opened with O_NOFOLLOW relative to
-    its parent, so no symlink on the way (planted before or during the run) is ever followed.
-
-    It keeps the chain from the previous call and reuses the common prefix: batches hold
-    neighbouring directories in tree order, so each one is opened about once.  Not shareable
-    between threads; the root descriptor is (it is only ever used as a ``dir_fd``).
-    """
-
-    def __init__(self, root_fd: int, root_label: str, create: bool) -> None:
-        self._root_fd = root_fd  # borrowed, not closed here
-        self._root_label = root_label
-        self._create = create
-        self._names: list[str] = []
-        self._fds: list[int] = []
-        self.created: set[str] = set()
-
-    def enter(self, parts: Sequence[str]) -> int:
-        common = 0
-        limit = min(len(parts), len(self._names))
-        while common < limit and self._names[common] == parts[common]:
-            common += 1
-        while len(self._fds) > common:
-            os.close(self._fds.pop())
-            self._names.pop()
-        for name in parts[common:]:
-            parent = self._fds[-1] if self._fds else self._root_fd
-            self._fds.append(self._open(parent, name))
-            self._names.append(name)
-        return self._fds[-1] if self._fds else self._root_fd
-
-    def _open(self, parent: int, name: str) -> int:
-        try:
-            return os.open(name, DIR_FLAGS, dir_fd=parent)
-        except FileNotFoundError:
-            if not self._create:
-                raise
-        try:
-            # 0o700 while we write into it; the source's mode is applied at the end, so a
-            # read-only source directory does not stop us from filling it.
-            os.mkdir(name, 0o700, dir_fd=parent)
-            self.created.add("/".join([*self._names, name]))
-        except FileExistsError:  # made meanwhile (by another writer); O_NOFOLLOW still checks it
-            pass
-        return os.open(name, DIR_FLAGS, dir_fd=parent)
-
-    def where(self, name: str = "") -> str:
-        return os.path.join(self._root_label, *self._names, name)
-
-    def close(self) -> None:
-        while self._fds:
-            os.close(self._fds.pop())
-        self._names.clear()
 
 
 class _Skip(Exception):
@@ -204,9 +149,11 @@ class _Writer:
 
     def __init__(self, plan: CombinePlan, dest_fd: int, source_fds: Sequence[int], tag: int):
         self._plan = plan
-        self.dest = _DirCursor(dest_fd, plan.dest_label, create=True)
+        # Folders made 0700 while we write into them: the source's mode is applied at the end, so
+        # a read-only source folder does not stop us from filling it.
+        self.dest = DirCursor(dest_fd, create=True, mode=0o700, root_label=plan.dest_label)
         self._sources = [
-            _DirCursor(fd, label, create=False)
+            DirCursor(fd, create=False, root_label=label)
             for fd, label in zip(source_fds, plan.source_labels, strict=True)
         ]
         self._temp_names = (f".combine-{os.getpid()}-{tag}-{n}.tmp" for n in itertools.count())
