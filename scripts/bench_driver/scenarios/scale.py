@@ -15,10 +15,12 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import socket
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,10 @@ SCALE_SCENARIOS = ("scale256", "churn")
 TRUE = "/bin/true"
 PDSH_FANOUT = 32
 NO_NEEDS = ("--no-gpu-required", "--num-cpus", "0.001", "--memory-required", "1")
+STALL_S = 60.0
+"""A barrier no new host has marked for this long lets go: a host that never runs its job (an
+sshd that refused) ends the round as failed in about a minute, not at the run's time limit
+(420 s, with every other job held)."""
 
 
 class Barrier:
@@ -45,6 +51,7 @@ class Barrier:
     def __init__(self, folder: Path, hosts: int) -> None:
         self.folder, self.hosts = folder, hosts
         self.opened_at: float | None = None  # epoch seconds when the last host marked itself
+        self.stalled: int | None = None  # hosts marked when no new one came for STALL_S
         self._stop = threading.Event()
         self._lock_file: Any = None
         self._watcher: threading.Thread | None = None
@@ -62,14 +69,22 @@ class Barrier:
         self._lock_file = open(lock)  # noqa: SIM115 (held across the run, closed in release)
         fcntl.flock(self._lock_file, fcntl.LOCK_EX)
         self.opened_at = None
+        self.stalled = None
         self._stop.clear()
         self._watcher = threading.Thread(target=self._watch, daemon=True)
         self._watcher.start()
 
     def _watch(self) -> None:
+        seen, since = 0, time.monotonic()
         while not self._stop.wait(0.01):
-            if sum(1 for e in os.scandir(self.folder) if e.name != ".lock") >= self.hosts:
+            marked = sum(1 for e in os.scandir(self.folder) if e.name != ".lock")
+            if marked >= self.hosts:
                 self.opened_at = time.time()
+                break
+            if marked != seen:
+                seen, since = marked, time.monotonic()
+            elif seen and time.monotonic() - since > STALL_S:
+                self.stalled = marked
                 break
         fcntl.flock(self._lock_file, fcntl.LOCK_UN)
 
@@ -107,6 +122,29 @@ def _stop_own(bench: Bench, info: dict[str, Any]) -> None:
         info["stop_s"] = round(time.monotonic() - t0, 1)
 
 
+def _banner(host: Any) -> bool:
+    """Does the host's sshd answer with its banner within 10 s?"""
+    try:
+        with socket.create_connection((host.ip, host.port), timeout=10) as sock:
+            sock.settimeout(10)
+            return sock.recv(64).startswith(b"SSH-")
+    except OSError:
+        return False
+
+
+def check_hosts(cluster: Cluster) -> None:
+    """Before each round: every host's sshd answers; one that does not (it died or refused in an
+    earlier round) is restarted, so a round measures the tool, not a broken test host."""
+    with ThreadPoolExecutor(32) as pool:
+        silent = [h for h, ok in zip(cluster.hosts, pool.map(_banner, cluster.hosts), strict=True) if not ok]
+    for host in silent:
+        log(f"{host.name}: its sshd did not answer before the round; restarted")
+        host.restart()
+    still = [h.name for h in silent if not _banner(h)]
+    if still:
+        raise RuntimeError(f"hosts whose sshd does not answer after a restart: {', '.join(still)}")
+
+
 def _batch_cmd(bench: Bench, cwd: Path, lines: str, hosts: list[str], *extra: str) -> Cmd:
     assert bench.gpu_cluster is not None
     (cwd / "batch").write_text(lines)
@@ -136,6 +174,8 @@ def scenario_scale256(bench: Bench) -> Scenario:
         return [h.name for h in bench.gpu_cluster.hosts]
 
     def make(cwd: Path) -> Cmd:
+        assert bench.gpu_cluster is not None
+        check_hosts(bench.gpu_cluster)
         barrier = state["barrier"]
         barrier.arm()
         return _batch_cmd(bench, cwd, barrier.job() * hosts, names(), *NO_NEEDS, "--reserve", "--quiet")
@@ -151,11 +191,15 @@ def scenario_scale256(bench: Bench) -> Scenario:
             last_job_started_s=round(barrier.opened_at - t0, 2) if barrier.opened_at else None,
             peak_rss_per_host_kb=round(run.maxrss_mb * 1024 / hosts),
         )
-        if run.ok and (barrier.opened_at is None or len(placed) != hosts):
+        if barrier.stalled is not None:
+            run.ok, run.note = False, (f"only {barrier.stalled} of {hosts} hosts ran their job; no other "
+                                       f"came for {STALL_S:.0f} s")
+        elif run.ok and (barrier.opened_at is None or len(placed) != hosts):
             run.ok, run.note = False, f"{len(placed)} hosts used (want {hosts}, one job each)"
 
     def pdsh(cwd: Path) -> Cmd:
         assert bench.gpu_cluster is not None
+        check_hosts(bench.gpu_cluster)
         return bench.pdsh_cmd(cwd, bench.gpu_cluster, names(), TRUE, PDSH_FANOUT)
 
     def verify_pdsh(cmd: Cmd, run: Run) -> None:
