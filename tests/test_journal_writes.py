@@ -12,6 +12,7 @@ import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,8 +23,25 @@ from ssh_scheduler.results.journal import FSYNC_EVERY, JOURNAL_NAME, JobState, J
 LOGGER = "ssh_scheduler.results.journal"
 
 
-def open_fds() -> set[str]:
-    return set(os.listdir("/proc/self/fd"))
+@pytest.fixture
+def descriptors(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[int]]:
+    """The descriptors ``os.open`` gave and those ``os.close`` closed, from here on (counted
+    rather than read from /proc, which another thread's files would change)."""
+    seen: dict[str, list[int]] = {"opened": [], "closed": []}
+    real_open, real_close = os.open, os.close
+
+    def opened(*args: Any, **kwargs: Any) -> int:
+        fd = real_open(*args, **kwargs)
+        seen["opened"].append(fd)
+        return fd
+
+    def closed(fd: int) -> None:
+        real_close(fd)
+        seen["closed"].append(fd)
+
+    monkeypatch.setattr(os, "open", opened)
+    monkeypatch.setattr(os, "close", closed)
+    return seen
 
 
 # ---------------------------------------------------------------- a private file, never a link
@@ -77,44 +95,47 @@ def test_a_rerun_appends_after_the_lines_an_earlier_run_wrote(tmp_path: Path) ->
     assert [(e["job"], e["state"]) for e in read_journal(tmp_path)] == [("", "batch"), ("a", "placed"), ("a", "started")]
 
 
-def test_a_link_at_the_journal_s_name_is_refused_in_its_own_words(tmp_path: Path) -> None:
+def test_a_link_at_the_journal_s_name_is_refused_in_its_own_words(
+    tmp_path: Path, descriptors: dict[str, list[int]]
+) -> None:
     target = tmp_path / "precious"
     target.write_text("keep me\n")
     results = tmp_path / "results"
     results.mkdir()
     (results / JOURNAL_NAME).symlink_to(target)
-    before = open_fds()
     with pytest.raises(ConfigError) as err, Journal.open(results):
         pass
     assert str(err.value) == (
         f"{results / JOURNAL_NAME} is a symbolic link; remove it (the journal is never written through a link)"
     )
     assert target.read_text() == "keep me\n"
-    assert open_fds() == before
+    assert descriptors["opened"] and sorted(descriptors["opened"]) == sorted(descriptors["closed"])
 
 
-def test_another_open_failure_names_the_folder_the_file_and_the_os_s_reason(tmp_path: Path) -> None:
+def test_another_open_failure_names_the_folder_the_file_and_the_os_s_reason(
+    tmp_path: Path, descriptors: dict[str, list[int]]
+) -> None:
     (tmp_path / JOURNAL_NAME).mkdir()  # a folder at its name: open(2) says EISDIR
-    before = open_fds()
     with pytest.raises(LocalWriteError) as err, Journal.open(tmp_path):
         pass
     assert str(err.value) == f"cannot write in {tmp_path}/: {JOURNAL_NAME} (Is a directory)"
-    assert open_fds() == before
+    assert descriptors["opened"] and sorted(descriptors["opened"]) == sorted(descriptors["closed"])
 
 
-def test_a_journal_of_another_user_is_refused_and_its_descriptor_closed(tmp_path: Path) -> None:
+def test_a_journal_of_another_user_is_refused_and_its_descriptor_closed(
+    tmp_path: Path, descriptors: dict[str, list[int]]
+) -> None:
     if os.geteuid() != 0:
         pytest.skip("only root can give a file to another user")
     (tmp_path / JOURNAL_NAME).write_text("")
     os.chown(tmp_path / JOURNAL_NAME, 4321, 4321)
-    before = open_fds()
     with pytest.raises(ConfigError) as err, Journal.open(tmp_path):
         pass
     assert str(err.value) == f"{tmp_path / JOURNAL_NAME} is not a file of yours; remove it or use another --results-dir"
-    assert open_fds() == before
+    assert descriptors["opened"] and sorted(descriptors["opened"]) == sorted(descriptors["closed"])
 
 
-def test_a_fifo_at_the_journal_s_name_is_refused(tmp_path: Path) -> None:
+def test_a_fifo_at_the_journal_s_name_is_refused(tmp_path: Path, descriptors: dict[str, list[int]]) -> None:
     os.mkfifo(tmp_path / JOURNAL_NAME)
     # A reader on the other end, so that opening it for writing does not wait for one.
     reader = os.open(tmp_path / JOURNAL_NAME, os.O_RDONLY | os.O_NONBLOCK)
@@ -124,6 +145,7 @@ def test_a_fifo_at_the_journal_s_name_is_refused(tmp_path: Path) -> None:
     finally:
         os.close(reader)
     assert str(err.value) == f"{tmp_path / JOURNAL_NAME} is not a file of yours; remove it or use another --results-dir"
+    assert sorted(descriptors["opened"]) == sorted(descriptors["closed"])  # the reader's, the folder's, the FIFO's
 
 
 # ---------------------------------------------------------------- fsync, grouped
