@@ -12,12 +12,14 @@ Also here: :class:`Ended`, the one type that says how a command ended, used by t
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 __all__ = [
+    "COMPACT_JSON",
     "EVENT_VERSION",
     "BatchFinished",
     "BatchPaused",
@@ -97,6 +99,16 @@ def _plain(value: Any) -> Any:
     return value
 
 
+COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
+"""``json.dumps(value, separators=(",", ":"))``'s encoder, built once: the journal and the event
+file write every line through it, several lines per job (``dumps`` with a separator builds a new
+encoder on every call)."""
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+"""Each event kind's field names in declaration order (what :meth:`Event.to_json` writes), read
+from the dataclass once: every event is written to the journal's event file, several per job."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Event:
     """Base of every event: ``kind`` names it on the wire, ``t`` is when it happened (Unix time)."""
@@ -107,11 +119,14 @@ class Event:
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict: ``{"version", "event", "t", ...fields}``."""
         data: dict[str, Any] = {"version": EVENT_VERSION, "event": self.kind}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
+        names = _FIELD_NAMES.get(type(self))
+        if names is None:  # once per kind: fields() walks the class's field table on every call
+            names = _FIELD_NAMES[type(self)] = tuple(f.name for f in dataclasses.fields(self))
+        for name in names:
+            value = getattr(self, name)
             if isinstance(value, tuple):
                 value = [_plain(v) for v in value]
-            data[f.name] = value
+            data[name] = value
         data["t"] = round(self.t, 3)
         return data
 

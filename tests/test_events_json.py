@@ -68,3 +68,26 @@ def test_json_lines_prints_one_compact_object_per_event() -> None:
         {"version": 1, "event": "paused", "t": 2.0},
     ]
     assert all("\n" not in line for line in printed)
+
+
+def test_each_kind_is_written_with_its_own_fields_in_order_as_json_dumps_writes_them() -> None:
+    """``to_json`` reads each kind's field names once and the files are written through one
+    prebuilt encoder: kinds written one after another (a subclass with a field of its own among
+    them) each keep their own fields, in declaration order, and every line is what
+    ``json.dumps(..., separators=(",", ":"))`` writes (non-ASCII, NaN and nesting included)."""
+
+    @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+    class FailedWithNote(JobFailed):
+        note: str = "é\u2028"
+
+    written = [
+        JobFailed(job="j", host="h", command="c", code=None, reason="host lost", seconds=1.0),
+        HostProbed(host="h", cpus=1, load=float("nan"), memory_free_mb=1, memory_total_mb=2, gpus=(GpuReading(0, 1, 2, 0.5),)),
+        FailedWithNote(job="j", host="h", command="ü", code=3, reason="exit 3", seconds=2.0),
+        JobFailed(job="k", host="h", command="c", code=1, reason="exit 1", seconds=3.0),
+    ]
+    for event in written:
+        data = event.to_json()
+        names = [f.name for f in dataclasses.fields(event)]  # "t" first, as Event declares it
+        assert list(data) == ["version", "event", *names], type(event).__name__
+        assert events.COMPACT_JSON.encode(data) == json.dumps(data, separators=(",", ":"))

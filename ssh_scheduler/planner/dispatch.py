@@ -16,6 +16,7 @@ from collections import deque
 
 from ssh_scheduler.errors import UnsatisfiableError
 from ssh_scheduler.events import JobPlaced, Notice, PlanLine, Waiting
+from ssh_scheduler.jobs.needs import Needs
 from ssh_scheduler.planner.actions import Action, Say, StartJob
 from ssh_scheduler.planner.allocate import MachineResources, choose
 from ssh_scheduler.planner.phases import FINAL_PHASES, JobPhase, move
@@ -75,24 +76,40 @@ def dispatch(state: PlanState) -> list[Action]:
 
 def dry_run(state: PlanState) -> list[PlanLine]:
     """The schedule if jobs ended in the order they started (the placements of ``--dry-run``);
-    the hosts' resources are left as they were."""
+    the hosts' resources are left as they were.
+
+    Every host is scored only until nothing fits the job's needs; from then on, as long as the
+    jobs keep those needs (the same object: usually the batch's), only the hosts changed since
+    (a job ended or was placed there) can fit them: the others' scores are what they were,
+    ``-inf``, so :func:`~ssh_scheduler.planner.allocate.choose` over the changed ones picks what
+    it would pick over all of them (its ties go by jobs held and name, not by order).  A big
+    batch on a full fleet then costs O(1) choices per job, not O(hosts)."""
     running: deque[tuple[MachineResources, str]] = deque()
     machines = state.usable()
     lines: list[PlanLine] = []
+    full_for: Needs | None = None  # nothing fitted these needs when every host was last scored
+    changed: dict[str, MachineResources] = {}  # the hosts changed since, by name
     for slot in state.jobs.values():
         if slot.phase in FINAL_PHASES:
             continue
+        needs = slot.needs
         while True:
-            target = choose(machines, slot.needs)
+            if needs is full_for:
+                target = choose(list(changed.values()), needs)
+            else:
+                target = choose(machines, needs)
             if target is not None:
-                placement = target.allocate(slot.job.name, slot.needs)
+                placement = target.allocate(slot.job.name, needs)
                 running.append((target, slot.job.name))
+                changed[target.name] = target
                 lines.append(PlanLine(job=slot.job.name, host=target.name, gpus=placement.gpu_indices))
                 break
             if not running:
                 raise UnsatisfiableError(f"job {slot.job.name} fits on no host")
+            full_for, changed = needs, {}
             done_on, done_job = running.popleft()
             done_on.release(done_job)
+            changed[done_on.name] = done_on
     for machine, name in running:
         machine.release(name)
     return lines

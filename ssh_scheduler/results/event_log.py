@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -31,7 +30,7 @@ from types import TracebackType
 from typing import Any
 
 from ssh_scheduler.errors import SchedulerError
-from ssh_scheduler.events import EVENT_VERSION, BatchStarted, Event, HostProbed
+from ssh_scheduler.events import COMPACT_JSON, EVENT_VERSION, BatchStarted, Event, HostProbed
 
 __all__ = [
     "EVENTS_NAME",
@@ -89,7 +88,7 @@ def events_header(pid: int, *, detached: bool) -> dict[str, Any]:
 
 
 def _line(record: dict[str, Any]) -> bytes:
-    return (json.dumps(record, separators=(",", ":")) + "\n").encode()
+    return (COMPACT_JSON.encode(record) + "\n").encode()
 
 
 class EventLog:

@@ -16,7 +16,6 @@ in memory, in order, and the batch hears it once (:class:`Journal`).
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import math
 import os
@@ -32,6 +31,7 @@ from typing import Any
 
 from ssh_scheduler.errors import ConfigError, LocalWriteError, plain_text, show_value
 from ssh_scheduler.events import (
+    COMPACT_JSON,
     BatchStarted,
     Event,
     JobCancelled,
@@ -179,7 +179,7 @@ class Journal:
 
     def record(self, job: str, state: JobState | str, **fields: Any) -> None:
         entry = {"t": round(time.time(), 3), "job": job, "state": JobState(state).value, **fields}
-        self._unwritten.append((json.dumps(entry, separators=(",", ":")) + "\n").encode())
+        self._unwritten.append((COMPACT_JSON.encode(entry) + "\n").encode())
         self._write()
         now = time.monotonic()
         if not self._unwritten and now - self._last_sync >= FSYNC_EVERY:
