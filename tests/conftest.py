@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -43,6 +44,10 @@ from tests.cluster import (
 from tests.conftest_slurm import slurm  # noqa: F401  (the real-Slurm fixture)
 
 CLUSTER_FIXTURES = ("cluster4", "make_cluster", "slurm")
+
+
+def _quit(number: int, _frame: object) -> None:
+    raise SystemExit(128 + number)
 os.environ.setdefault(KEEP_WARM_VARIABLE, "0")  # before any test: CLI subprocesses inherit it
 
 
@@ -54,6 +59,13 @@ def cluster4_specs() -> list[HostSpec]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # The tests send SIGINT and SIGQUIT to the commands they start, as a terminal would.  A suite
+    # started in the background of a script (``.ci/run &``, ``nohup``) inherits those signals
+    # ignored, and so would every command it starts: their Ctrl-C tests then hang or fail for
+    # no fault of the code.  A handler here is reset to the default in each child at exec.
+    for number in (signal.SIGINT, signal.SIGQUIT):
+        if signal.getsignal(number) == signal.SIG_IGN:
+            signal.signal(number, signal.default_int_handler if number == signal.SIGINT else _quit)
     config.addinivalue_line(
         "markers",
         "namespaces: needs the namespaced (root) SSH test cluster; skipped without root, failed if CI=true",
