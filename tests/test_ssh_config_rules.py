@@ -1,0 +1,273 @@
+"""Rules of the ssh config code that the mutation run of the ``sshconfig`` group
+(``scripts/mutation sshconfig``, docs/mutation.md) found no test stating: which files an
+``Include`` reads (glibc's glob, where the live ``ssh -G`` can tell, it is asked), which config
+files are trusted, and the exact line a user gets for a refused value."""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import shutil
+import socket
+import stat
+from pathlib import Path
+
+import pytest
+
+from ssh_scheduler.errors import ConfigError
+from ssh_scheduler.machines import ssh_include
+from ssh_scheduler.machines.ssh_config import parse_config_text, read_config_file
+from ssh_scheduler.machines.ssh_include import include_glob, secure_permissions
+from ssh_scheduler.machines.ssh_resolve import SshHost, resolve_host
+from ssh_scheduler.machines.ssh_tokens import LocalAccount, convtime, current_account
+from tests.ssh_reference import Reference, make_reference
+
+
+@pytest.fixture(scope="module")
+def ref(tmp_path_factory: pytest.TempPathFactory) -> Reference:
+    assert shutil.which("ssh"), "openssh-client is installed by scripts/test"
+    return make_reference(tmp_path_factory.mktemp("sshref"))
+
+
+def ssh_user(ref: Reference, config: Path, host: str = "gpu1") -> str:
+    """The user the live ``ssh -G`` takes for ``host`` with ``config``."""
+    status, values, stderr = ref.run(host, config)
+    assert status == 0, stderr
+    return values["user"][0]
+
+
+# --- Include: which files ------------------------------------------------------------------
+
+
+def test_include_reads_the_files_of_every_directory_a_wildcard_matched(tmp_path: Path) -> None:
+    """``d*/c.conf`` and ``d*//c.conf``: the file under each matching directory, in order (an
+    empty component is the directory itself)."""
+    for name in ("d1", "d2", "e3"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "c.conf").write_text("")
+    both = [f"{tmp_path}/d1/c.conf", f"{tmp_path}/d2/c.conf"]
+    assert include_glob(f"{tmp_path}/d*/c.conf", None) == both
+    assert include_glob(f"{tmp_path}/d*//c.conf", None) == both
+
+
+def test_include_relative_to_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pattern with a '/' but not at its start (only a caller other than the config reader
+    gives one: the reader puts ``~/.ssh/`` or ``/etc/ssh/`` before it) is glob(3)'s: from the
+    working directory, and the names come back relative."""
+    (tmp_path / "rel").mkdir()
+    (tmp_path / "rel" / "xa.conf").write_text("")
+    monkeypatch.chdir(tmp_path)
+    assert include_glob("rel/x*.conf", None) == ["rel/xa.conf"]
+    assert include_glob("rel/xa.conf", None) == ["rel/xa.conf"]
+    assert include_glob("re*/x*.conf", None) == ["rel/xa.conf"]
+
+
+def test_include_dot_star_walks_through_dot_dot_as_glibc(ref: Reference, tmp_path: Path) -> None:
+    """glibc's readdir lists '.' and '..', and '.*' matches both: ``sub/.*/b.conf`` reads
+    ``sub/../b.conf`` (the live ssh does)."""
+    base = tmp_path / "conf"
+    (base / "sub").mkdir(parents=True)
+    (base / "b.conf").write_text("Host gpu1\n  User through-dotdot\n")
+    assert include_glob(f"{base}/sub/.*/b.conf", None) == [f"{base}/sub/../b.conf"]
+    (base / "sub" / "b.conf").write_text("Host gpu1\n  User through-dot\n")
+    assert include_glob(f"{base}/sub/.*/b.conf", None) == [
+        f"{base}/sub/../b.conf",
+        f"{base}/sub/./b.conf",
+    ]
+    config = tmp_path / "config"
+    config.write_text(f"Include {base}/sub/.*/b.conf\n")
+    parsed = read_config_file(config, environ=ref.env)
+    assert parsed is not None
+    users = [sub.lines[1].args[0] for sub in parsed.lines[0].includes]
+    assert users == ["through-dotdot", "through-dot"]
+    assert ssh_user(ref, config) == "through-dotdot"
+
+
+def test_include_names_come_sorted_by_their_bytes(tmp_path: Path) -> None:
+    """glob(3) sorts by the bytes of the names: a name that is not UTF-8 (byte 0xff, kept as
+    U+DCFF) comes after U+E000 (ee 80 80), where Python's text order puts it before."""
+    names = [b"cz.conf", b"c\xee\x80\x80.conf", b"c\xff.conf"]
+    for name in names:
+        with open(os.fsencode(tmp_path) + b"/" + name, "w"):
+            pass
+    found = include_glob(f"{tmp_path}/c*.conf", None)
+    assert [os.fsencode(p).rsplit(b"/", 1)[1] for p in found] == names
+
+
+def test_include_of_a_home_alone_is_that_directory(tmp_path: Path) -> None:
+    """``Include ~`` and ``Include ~user`` name a directory (read as empty); ``~`` with no home
+    known and an unknown user stay as written, and match nothing."""
+    me = pwd.getpwuid(os.getuid())
+    assert include_glob("~", str(tmp_path)) == [str(tmp_path)]
+    assert include_glob("~", str(tmp_path / "not-there")) == []
+    assert include_glob("~", None) == []
+    assert include_glob(f"~{me.pw_name}", None) == [me.pw_dir]
+    assert include_glob(f"~{me.pw_name}/", None) == [me.pw_dir]
+    # a backslash before a character of the user name is dropped, as glob's escape
+    escaped = me.pw_name[0] + "\\" + me.pw_name[1:]
+    assert include_glob(f"~{escaped}", None) == [me.pw_dir]
+    # "~\" is "~", and "~/x" with no home known matches no file
+    assert include_glob("~\\/", str(tmp_path)) == [str(tmp_path)]
+    assert include_glob("~/x.conf", None) == []
+    (tmp_path / "file").write_text("")
+    assert include_glob("~/file", str(tmp_path)) == [f"{tmp_path}/file"]
+
+
+def test_system_config_includes_are_under_etc_ssh() -> None:
+    """In /etc/ssh/ssh_config a relative Include is under /etc/ssh/, and '~' is refused."""
+    asked: list[str] = []
+
+    def read_include(pattern: str, _including: str) -> list[tuple[str, str]]:
+        asked.append(pattern)
+        return []
+
+    parse_config_text("Include a.conf b/*.conf\n", source="/etc/ssh/ssh_config", user_config=False,
+                      read_include=read_include)
+    parse_config_text("Include a.conf\n", source="/home/u/.ssh/config", read_include=read_include)
+    assert asked == ["/etc/ssh/a.conf", "/etc/ssh/b/*.conf", "~/.ssh/a.conf"]
+    with pytest.raises(ConfigError) as info:
+        parse_config_text("Host *\nInclude ~/x.conf\n", source="/etc/ssh/ssh_config",
+                          user_config=False, read_include=read_include)
+    assert str(info.value) == (
+        "/etc/ssh/ssh_config line 2: Include '~/x.conf': '~' is not allowed in the system config"
+    )
+
+
+def test_an_empty_include_argument_is_refused(ref: Reference, tmp_path: Path) -> None:
+    config = tmp_path / "config"
+    config.write_text('Host gpu1\nInclude a.conf ""\n')
+    status, _, _ = ref.run("gpu1", config)
+    assert status != 0  # ssh refuses it too
+    with pytest.raises(ConfigError) as info:
+        read_config_file(config, environ=ref.env)
+    assert str(info.value) == f"{config} line 2: Include has an empty argument (remove it)"
+
+
+# --- which config files are trusted ----------------------------------------------------------
+
+
+def _stat(uid: int, gid: int, mode: int) -> os.stat_result:
+    return os.stat_result((stat.S_IFREG | mode, 0, 0, 1, uid, gid, 0, 0, 0, 0))
+
+
+def test_only_writing_by_others_makes_a_config_untrusted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Others and a crowded group may read and execute it; only their write bit counts.  An
+    owner the account database does not know cannot be a group's only member."""
+    users = [pwd.struct_passwd(("me", "x", 1000, 500, "", "/nonexistent/me", "/bin/sh")),
+             pwd.struct_passwd(("other", "x", 1001, 501, "", "/nonexistent/o", "/bin/sh"))]
+    groups = {500: grp.struct_group(("me", "x", 500, [])),
+              503: grp.struct_group(("crowd", "x", 503, ["me", "other"]))}
+
+    def getpwuid(uid: int) -> pwd.struct_passwd:
+        found = [u for u in users if u.pw_uid == uid]
+        if not found:
+            raise KeyError(uid)
+        return found[0]
+
+    monkeypatch.setattr(ssh_include.grp, "getgrgid", lambda gid: groups[gid])
+    monkeypatch.setattr(ssh_include.pwd, "getpwall", lambda: users)
+    monkeypatch.setattr(ssh_include.pwd, "getpwuid", getpwuid)
+    for mode in (0o645, 0o655, 0o641, 0o651, 0o755):
+        assert secure_permissions(_stat(1000, 503, mode), 1000), oct(mode)
+    assert not secure_permissions(_stat(1000, 503, 0o646), 1000)
+    assert not secure_permissions(_stat(1000, 503, 0o664), 1000)
+    assert secure_permissions(_stat(1000, 500, 0o664), 1000)
+    # root's file in my private group, where root is unknown to the database: refused
+    users[:] = [users[0]]
+    assert not secure_permissions(_stat(0, 500, 0o664), 1000)
+
+
+# --- small values ----------------------------------------------------------------------------
+
+
+def test_convtime_as_ssh() -> None:
+    assert [convtime(t) for t in ("", "90", "1m30s", "2H", "1w", "x", "1m x", str(2**31))] == [
+        -1, 90, 90, 7200, 604800, -1, -1, -1
+    ]
+
+
+def test_the_local_account_names_this_host() -> None:
+    """``%l`` and ``%L`` (and ``%C``'s hash) are the local host name."""
+    account = current_account()
+    entry = pwd.getpwuid(os.getuid())
+    assert (account.user, account.home, account.uid, account.hostname) == (
+        entry.pw_name, entry.pw_dir, entry.pw_uid, socket.gethostname()
+    )
+
+
+# --- the line a user gets --------------------------------------------------------------------
+
+ACCOUNT = LocalAccount("localuser", "/nonexistent/localuser", os.getuid(), "testhost")
+
+
+def resolve(tmp_path: Path, data: bytes) -> SshHost:
+    config = tmp_path / "config"
+    config.write_bytes(data)
+    parsed = read_config_file(config, environ={"HOME": str(tmp_path)})
+    assert parsed is not None
+    return resolve_host("gpu1", [parsed], ACCOUNT, environ={"HOME": str(tmp_path)})
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"\xef\xbb\xbf\nHost gpu1\n", "line 1: the file starts with a UTF-8 byte order mark, "
+         "which ssh refuses too (save the file without it)"),
+        (b"Host gpu1\nHost\n", "line 2: no value after 'Host' (give one)"),
+        (b"\xef\xbb\xbfHost gpu1\n", "line 1: unknown keyword '\\ufeffHost': the file starts "
+         "with a UTF-8 byte order mark, which ssh refuses too (save the file without it)"),
+        ("Host gpu1\n  \u212aexAlgorithms +x\n".encode(), "line 2: unknown keyword "
+         "'\u212aexAlgorithms': it has the non-ASCII character '\u212a' (U+212A), which ssh "
+         "refuses too (type it in ASCII)"),
+        (b"Host gpu1\n  Usr x\n", "line 2: unknown keyword 'Usr' (ssh refuses it too; fix the "
+         "spelling, or list it in IgnoreUnknown)"),
+        # Match host reads HostName with %h expanded: a bad token there names the HostName line
+        (b"Host *\n  HostName a%zb\nMatch host x\n  User y\n",
+         "line 2: HostName: unknown token '%z' (known here: %h %%)"),
+        ("Host gpu1\n  ProxyJump ssh://%\u00e9@h\n".encode(), "line 2: invalid ProxyJump: hop "
+         "'ssh://%\u00e9@h': bad %-escape in '%\u00e9' (ssh refuses it too; write "
+         "[user@]host[:port] or ssh://[user@]host[:port], hops separated by commas)"),
+        (b"Host gpu1\n  ProxyJump ssh://caf\xe9@h\n", "line 2: ProxyJump: a value with bytes "
+         "that are not UTF-8 is not supported (save the file as UTF-8)"),
+        (b"Host gpu1\n  ConnectTimeout 2147483648\n",
+         "line 2: ConnectTimeout '2147483648' is not a time (like 10 or 1m)"),
+    ],
+)
+def test_each_refusal_says_exactly_this(tmp_path: Path, data: bytes, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve(tmp_path, data)
+    assert str(info.value) == f"{tmp_path / 'config'} {message}"
+
+
+def test_a_jump_user_that_is_not_utf8_is_left_alone_where_it_does_not_apply(
+    ref: Reference, tmp_path: Path
+) -> None:
+    """Every ProxyJump line is checked, applied or not, as ssh checks it; bytes that are not
+    UTF-8 in its user are refused only where the value is used (ssh takes them)."""
+    data = b"Host other\n  ProxyJump ssh://caf\xe9@h\nHost gpu1\n  User u\n"
+    assert resolve(tmp_path, data).user == "u"
+    assert ssh_user(ref, tmp_path / "config") == "u"
+
+
+@pytest.mark.parametrize(
+    "value", ["90", "1m30s", "1h1M1s", "2147483647", "35791394m", "0", "none"]
+)
+def test_connect_timeout_as_ssh(ref: Reference, tmp_path: Path, value: str) -> None:
+    """Each part of a time adds up, in seconds, up to 2^31 - 1; none and 0 are no timeout
+    (ssh shows 0 as it is, and waits without a limit)."""
+    resolved = resolve(tmp_path, f"Host gpu1\n  ConnectTimeout {value}\n".encode())
+    status, values, stderr = ref.run("gpu1", tmp_path / "config")
+    assert status == 0, stderr
+    shown = "0" if value == "0" else "none"
+    assert values["connecttimeout"] == [str(resolved.connect_timeout or shown)]
+
+
+@pytest.mark.parametrize("value", ["2147483648", "35791395m", "1x", "m"])
+def test_connect_timeout_ssh_refuses(ref: Reference, tmp_path: Path, value: str) -> None:
+    with pytest.raises(ConfigError, match="is not a time"):
+        resolve(tmp_path, f"Host gpu1\n  ConnectTimeout {value}\n".encode())
+    status, _, _ = ref.run("gpu1", tmp_path / "config")
+    assert status != 0
