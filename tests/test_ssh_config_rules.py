@@ -234,6 +234,17 @@ def resolve(tmp_path: Path, data: bytes) -> SshHost:
          "that are not UTF-8 is not supported (save the file as UTF-8)"),
         (b"Host gpu1\n  ConnectTimeout 2147483648\n",
          "line 2: ConnectTimeout '2147483648' is not a time (like 10 or 1m)"),
+        (("Host gpu1\n" + "".join(f"  IdentityFile ~/k{i}\n" for i in range(101))).encode(),
+         "line 102: more than 100 IdentityFile lines apply (ssh refuses this too; remove some)"),
+        (b"Host gpu1\n  ProxyJump ssh://[]\n", "line 2: invalid ProxyJump: hop 'ssh://[]': no "
+         "host (ssh refuses it too; write [user@]host[:port] or ssh://[user@]host[:port], hops "
+         "separated by commas)"),
+        (b"Host gpu1\n  ProxyJump ssh://a..b\n", "line 2: invalid ProxyJump: hop 'ssh://a..b': "
+         "host 'a..b' has two dots in a row (ssh refuses it too; write [user@]host[:port] or "
+         "ssh://[user@]host[:port], hops separated by commas)"),
+        (b"Host gpu1\n  ProxyJump ssh://a*b\n", "line 2: invalid ProxyJump: hop 'ssh://a*b': "
+         "host 'a*b' has characters other than letters, digits, '.-_' (ssh refuses it too; "
+         "write [user@]host[:port] or ssh://[user@]host[:port], hops separated by commas)"),
     ],
 )
 def test_each_refusal_says_exactly_this(tmp_path: Path, data: bytes, message: str) -> None:
@@ -271,3 +282,30 @@ def test_connect_timeout_ssh_refuses(ref: Reference, tmp_path: Path, value: str)
         resolve(tmp_path, f"Host gpu1\n  ConnectTimeout {value}\n".encode())
     status, _, _ = ref.run("gpu1", tmp_path / "config")
     assert status != 0
+
+
+def test_identity_and_certificate_files_are_counted_apart(ref: Reference, tmp_path: Path) -> None:
+    """The same path as a CertificateFile and an IdentityFile is both; 60 of each is under
+    each one's limit of 100."""
+    certs = "".join(f"  CertificateFile ~/k{i}\n" for i in range(60))
+    keys = "".join(f"  IdentityFile ~/k{i}\n" for i in range(60))
+    resolved = resolve(tmp_path, f"Host gpu1\n{certs}{keys}".encode())
+    assert resolved.identity_files == tuple(f"~/k{i}" for i in range(60))
+    status, values, stderr = ref.run("gpu1", tmp_path / "config")
+    assert status == 0, stderr
+    assert values["identityfile"] == list(resolved.identity_files)
+
+
+def test_an_ssh_uri_host_loses_one_trailing_dot(ref: Reference, tmp_path: Path) -> None:
+    for value, shown in [("ssh://jump.lan.", "jump.lan"), ("ssh://u@jump.lan.:2200", "u@jump.lan:2200")]:
+        resolved = resolve(tmp_path, f"Host gpu1\n  ProxyJump {value}\n".encode())
+        assert resolved.proxy_jump == shown
+        status, values, stderr = ref.run("gpu1", tmp_path / "config")
+        assert status == 0 and values["proxyjump"] == [shown], stderr
+
+
+def test_a_pattern_list_is_read_one_pattern_at_a_time(ref: Reference, tmp_path: Path) -> None:
+    """``Match host a,gpu1,b`` matches by its middle pattern; ``IgnoreUnknown`` lists alike."""
+    text = "IgnoreUnknown x,Foo*,y\nFooBar 1\nMatch host a,gpu1,b\n  User middle\n"
+    assert resolve(tmp_path, text.encode()).user == "middle"
+    assert ssh_user(ref, tmp_path / "config") == "middle"
