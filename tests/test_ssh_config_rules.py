@@ -309,3 +309,64 @@ def test_a_pattern_list_is_read_one_pattern_at_a_time(ref: Reference, tmp_path: 
     text = "IgnoreUnknown x,Foo*,y\nFooBar 1\nMatch host a,gpu1,b\n  User middle\n"
     assert resolve(tmp_path, text.encode()).user == "middle"
     assert ssh_user(ref, tmp_path / "config") == "middle"
+
+
+def test_match_user_is_case_sensitive(ref: Reference, tmp_path: Path) -> None:
+    """``Match user`` compares the user as given (``Match host`` folds case, this does not)."""
+    for pattern, port in [("Ben", "2200"), ("ben", "22")]:
+        text = f"Host gpu1\n  User Ben\nMatch user {pattern}\n  Port 2200\n"
+        assert str(resolve(tmp_path, text.encode()).port) == port
+        status, values, stderr = ref.run("gpu1", tmp_path / "config")
+        assert status == 0 and values["port"] == [port], stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [("ssh://u%41%2c+v@h", "uA, v@h"), ("ssh://%75%73%65%72@h", "user@h")],
+)
+def test_an_ssh_uri_user_is_decoded_as_ssh(
+    ref: Reference, tmp_path: Path, value: str, shown: str
+) -> None:
+    """``%XX`` is a byte and ``+`` a space."""
+    assert resolve(tmp_path, f"Host gpu1\n  ProxyJump {value}\n".encode()).proxy_jump == shown
+    status, values, stderr = ref.run("gpu1", tmp_path / "config")
+    assert status == 0 and values["proxyjump"] == [shown], stderr
+
+
+@pytest.mark.parametrize("escape", ["%4", "%zz", "%\u00e9"])
+def test_a_bad_escape_in_an_ssh_uri_user_is_refused(
+    ref: Reference, tmp_path: Path, escape: str
+) -> None:
+    value = f"ssh://u{escape}@h"
+    with pytest.raises(ConfigError) as info:
+        resolve(tmp_path, f"Host gpu1\n  ProxyJump {value}\n".encode())
+    assert f"hop '{value}': bad %-escape in 'u{escape}' (ssh refuses it too;" in str(info.value)
+    status, _, _ = ref.run("gpu1", tmp_path / "config")
+    assert status != 0
+
+
+def test_an_escaped_byte_that_is_not_utf8_is_checked_only_where_used(
+    ref: Reference, tmp_path: Path
+) -> None:
+    """``%ff`` decodes to a byte that is not UTF-8: a line that does not apply is still read
+    (every ProxyJump is parsed, as ssh parses it) and ssh takes it."""
+    data = b"Host other\n  ProxyJump ssh://u%ff@h\nHost gpu1\n  User u\n"
+    assert resolve(tmp_path, data).user == "u"
+    assert ssh_user(ref, tmp_path / "config") == "u"
+
+
+@pytest.mark.parametrize("user", ["u%00x", "u%00", "%00", "u%00x%00y"])
+def test_a_nul_byte_in_an_ssh_uri_user_is_refused(
+    ref: Reference, tmp_path: Path, user: str
+) -> None:
+    """ssh refuses ``%00`` in the user (we took the user up to it: ``u%00x`` was ``u``)."""
+    value = f"ssh://{user}@h"
+    with pytest.raises(ConfigError) as info:
+        resolve(tmp_path, f"Host gpu1\n  ProxyJump {value}\n".encode())
+    assert str(info.value) == (
+        f"{tmp_path / 'config'} line 2: invalid ProxyJump: hop '{value}': a NUL byte (%00) in "
+        f"'{user}' (ssh refuses it too; write [user@]host[:port] or ssh://[user@]host[:port], "
+        "hops separated by commas)"
+    )
+    status, _, stderr = ref.run("gpu1", tmp_path / "config")
+    assert status != 0 and "Invalid ProxyJump" in stderr
