@@ -370,3 +370,55 @@ def test_a_nul_byte_in_an_ssh_uri_user_is_refused(
     )
     status, _, stderr = ref.run("gpu1", tmp_path / "config")
     assert status != 0 and "Invalid ProxyJump" in stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "hop"),
+    [("h:1", (None, "h", 1)), ("u@h:2", ("u", "h", 2)), ("a@b@h:3", ("a@b", "h", 3)),
+     ("h:", (None, "h", None)), ("h:ssh", (None, "h", 22))],
+)
+def test_a_jump_hop_is_user_host_and_port_as_ssh(
+    ref: Reference, tmp_path: Path, value: str, hop: tuple[str | None, str, int | None]
+) -> None:
+    """``[user@]host[:port]``: the user up to the last '@', any port from 1 (or a service)."""
+    resolved = resolve(tmp_path, f"Host gpu1\n  ProxyJump {value}\n".encode())
+    (parsed,) = resolved.jump_hops
+    assert (parsed.user, parsed.host, parsed.port) == hop
+    status, values, stderr = ref.run("gpu1", tmp_path / "config")
+    assert status == 0 and values["proxyjump"] == [resolved.proxy_jump], stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [("@h", "empty user name before '@'"), ("h/22", "'/' after the host (write host:port)"),
+     ("u@", "no host"), ("h:0", "bad port '0'"), ("h:x", "bad port 'x'")],
+)
+def test_a_jump_hop_ssh_refuses_says_why(
+    ref: Reference, tmp_path: Path, value: str, reason: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve(tmp_path, f"Host gpu1\n  ProxyJump {value}\n".encode())
+    assert str(info.value) == (
+        f"{tmp_path / 'config'} line 2: invalid ProxyJump: hop '{value}': {reason} (ssh refuses "
+        "it too; write [user@]host[:port] or ssh://[user@]host[:port], hops separated by commas)"
+    )
+    status, _, _ = ref.run("gpu1", tmp_path / "config")
+    assert status != 0
+
+
+def test_tilde_is_the_home_with_one_slash(tmp_path: Path) -> None:
+    """``tilde_expand_filename``: a home ending in '/' (or '/' itself) gets no second one;
+    an unknown ``~user`` is refused when the file is used, as ssh fails then."""
+    for home, path in [("/", "/k"), ("/home/u/", "/home/u/k"), ("/home/u", "/home/u/k")]:
+        account = LocalAccount("u", home, os.getuid(), "testhost")
+        config = tmp_path / "config"
+        config.write_text("Host gpu1\n  IdentityFile ~/k\n")
+        parsed = read_config_file(config, environ={"HOME": str(tmp_path)})
+        assert parsed is not None
+        assert resolve_host("gpu1", [parsed], account).identity_paths == (path,)
+    with pytest.raises(ConfigError) as info:
+        resolve(tmp_path, b"Host gpu1\n  IdentityFile ~nosuchuser-x/k\n")
+    assert str(info.value) == (
+        f"{config} line 2: IdentityFile '~nosuchuser-x/k': no such user 'nosuchuser-x' for "
+        "'~nosuchuser-x' (ssh fails on it too, when connecting)"
+    )
