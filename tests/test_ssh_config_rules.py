@@ -422,3 +422,34 @@ def test_tilde_is_the_home_with_one_slash(tmp_path: Path) -> None:
         f"{config} line 2: IdentityFile '~nosuchuser-x/k': no such user 'nosuchuser-x' for "
         "'~nosuchuser-x' (ssh fails on it too, when connecting)"
     )
+
+
+@pytest.mark.parametrize(
+    ("text", "user"),
+    [("Match host gpu1 all\n  User m\n", "m"), ("Match !host x all\n  User m\n", "m"),
+     ("Match host x all\n  User m\n", "localuser"), ("Match all # c\n  User m\n", "m")],
+)
+def test_match_all_may_follow_one_criterion(
+    ref: Reference, tmp_path: Path, text: str, user: str
+) -> None:
+    """ssh counts ``all`` among the criteria: one before it is allowed (and decides)."""
+    assert resolve(tmp_path, text.encode()).user == user
+    assert ssh_user(ref, tmp_path / "config") == user
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("Match host gpu1 user x all\n", "Match 'all' cannot be combined with other criteria"),
+     ("Match all host gpu1\n", "Match 'all' cannot be combined with other criteria"),
+     ("Match all extra\n", "Match 'all' cannot be combined with other criteria"),
+     ("Match '\"host' gpu1\n", "unbalanced \" quote in Match (close it)"),
+     ("Match host '\"gpu1'\n", "Match host needs an argument")],
+)
+def test_a_match_line_ssh_refuses_says_why(
+    ref: Reference, tmp_path: Path, text: str, message: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve(tmp_path, (text + "  User m\n").encode())
+    assert str(info.value) == f"{tmp_path / 'config'} line 1: {message}"
+    status, _, _ = ref.run("gpu1", tmp_path / "config")
+    assert status != 0
