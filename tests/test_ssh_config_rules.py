@@ -375,7 +375,9 @@ def test_a_nul_byte_in_an_ssh_uri_user_is_refused(
 @pytest.mark.parametrize(
     ("value", "hop"),
     [("h:1", (None, "h", 1)), ("u@h:2", ("u", "h", 2)), ("a@b@h:3", ("a@b", "h", 3)),
-     ("h:", (None, "h", None)), ("h:ssh", (None, "h", 22))],
+     ("h:", (None, "h", None)), ("h:ssh", (None, "h", 22)), ("h:65535", (None, "h", 65535)),
+     # only a host in brackets loses them
+     ("ab]:2", (None, "ab]", 2))],
 )
 def test_a_jump_hop_is_user_host_and_port_as_ssh(
     ref: Reference, tmp_path: Path, value: str, hop: tuple[str | None, str, int | None]
@@ -443,7 +445,11 @@ def test_match_all_may_follow_one_criterion(
      ("Match all host gpu1\n", "Match 'all' cannot be combined with other criteria"),
      ("Match all extra\n", "Match 'all' cannot be combined with other criteria"),
      ("Match '\"host' gpu1\n", "unbalanced \" quote in Match (close it)"),
-     ("Match host '\"gpu1'\n", "Match host needs an argument")],
+     ("Match host '\"gpu1'\n", "Match host needs an argument"),
+     ("Match host #c\n", "Match host needs an argument"),
+     ("Match #c\n", "Match needs at least one criterion"),
+     # a criterion after an exec that is not run is still read (and refused)
+     ("Match host x exec true bogus y\n", "unsupported Match criterion 'bogus'")],
 )
 def test_a_match_line_ssh_refuses_says_why(
     ref: Reference, tmp_path: Path, text: str, message: str
@@ -453,3 +459,38 @@ def test_a_match_line_ssh_refuses_says_why(
     assert str(info.value) == f"{tmp_path / 'config'} line 1: {message}"
     status, _, _ = ref.run("gpu1", tmp_path / "config")
     assert status != 0
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("Match canonical\n", "Match canonical is not supported (it needs ssh's DNS "
+      "canonicalization and second pass; use Match host or originalhost)"),
+     ("Match exec true\n", "Match exec is not supported (we do not run commands from the ssh "
+      "config; use Match host, originalhost, user or localuser)")],
+)
+def test_a_match_we_cannot_evaluate_says_so(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve(tmp_path, (text + "  User m\n").encode())
+    assert str(info.value) == f"{tmp_path / 'config'} line 1: {message}"
+
+
+@pytest.mark.parametrize(
+    ("pattern", "user"),
+    [("localuser", "m"), ("nobody-x", "localuser"), ("LOCALUSER", "localuser")],
+)
+def test_match_localuser_is_the_account_case_sensitive(
+    ref: Reference, tmp_path: Path, pattern: str, user: str
+) -> None:
+    text = f"Match localuser {pattern}\n  User m\n"
+    assert resolve(tmp_path, text.encode()).user == user
+    assert ssh_user(ref, tmp_path / "config") == user
+
+
+def test_a_port_is_1_to_65535(ref: Reference, tmp_path: Path) -> None:
+    assert resolve(tmp_path, b"Host gpu1\n  Port 65535\n").port == 65535
+    status, values, stderr = ref.run("gpu1", tmp_path / "config")
+    assert status == 0 and values["port"] == ["65535"], stderr
+    for port in ("65536", "0"):
+        with pytest.raises(ConfigError, match=f"Port '{port}' is not a port number"):
+            resolve(tmp_path, f"Host gpu1\n  Port {port}\n".encode())
+        assert ref.run("gpu1", tmp_path / "config")[0] != 0
