@@ -393,7 +393,8 @@ def test_a_jump_hop_is_user_host_and_port_as_ssh(
 @pytest.mark.parametrize(
     ("value", "reason"),
     [("@h", "empty user name before '@'"), ("h/22", "'/' after the host (write host:port)"),
-     ("u@", "no host"), ("h:0", "bad port '0'"), ("h:x", "bad port 'x'")],
+     ("u@", "no host"), ("h:0", "bad port '0'"), ("h:x", "bad port 'x'"),
+     ("[h", "'[' without ']'"), ("[h]:2]", "bad port '2]'")],
 )
 def test_a_jump_hop_ssh_refuses_says_why(
     ref: Reference, tmp_path: Path, value: str, reason: str
@@ -487,10 +488,11 @@ def test_match_localuser_is_the_account_case_sensitive(
 
 
 def test_a_port_is_1_to_65535(ref: Reference, tmp_path: Path) -> None:
+    """A number, or a TCP service's name (tftp is UDP only)."""
     assert resolve(tmp_path, b"Host gpu1\n  Port 65535\n").port == 65535
     status, values, stderr = ref.run("gpu1", tmp_path / "config")
     assert status == 0 and values["port"] == ["65535"], stderr
-    for port in ("65536", "0"):
+    for port in ("65536", "0", "tftp"):
         with pytest.raises(ConfigError, match=f"Port '{port}' is not a port number"):
             resolve(tmp_path, f"Host gpu1\n  Port {port}\n".encode())
         assert ref.run("gpu1", tmp_path / "config")[0] != 0
