@@ -395,7 +395,8 @@ def test_a_jump_hop_is_user_host_and_port_as_ssh(
     [("@h", "empty user name before '@'"), ("h/22", "'/' after the host (write host:port)"),
      ("u@", "no host"), ("h:0", "bad port '0'"), ("h:x", "bad port 'x'"),
      ("[h", "'[' without ']'"), ("[h]:2]", "bad port '2]'"), ("h:2:3", "bad port '2:3'"),
-     ("h/a:b/c", "'/' after the host (write host:port)")],
+     ("h/a:b/c", "'/' after the host (write host:port)"),
+     ("[h]X", "unexpected 'X' after ']'")],
 )
 def test_a_jump_hop_ssh_refuses_says_why(
     ref: Reference, tmp_path: Path, value: str, reason: str
