@@ -377,7 +377,10 @@ def test_a_nul_byte_in_an_ssh_uri_user_is_refused(
     [("h:1", (None, "h", 1)), ("u@h:2", ("u", "h", 2)), ("a@b@h:3", ("a@b", "h", 3)),
      ("h:", (None, "h", None)), ("h:ssh", (None, "h", 22)), ("h:65535", (None, "h", 65535)),
      # only a host in brackets loses them
-     ("ab]:2", (None, "ab]", 2))],
+     ("ab]:2", (None, "ab]", 2)),
+     ("h#c", (None, "h", None)), ("ssh://u;a;b@h", ("u", "h", None)),
+     ("ssh://h:", (None, "h", None)), ("ssh://h/", (None, "h", None)),
+     ("ssh://h:1", (None, "h", 1))],
 )
 def test_a_jump_hop_is_user_host_and_port_as_ssh(
     ref: Reference, tmp_path: Path, value: str, hop: tuple[str | None, str, int | None]
@@ -396,7 +399,10 @@ def test_a_jump_hop_is_user_host_and_port_as_ssh(
      ("u@", "no host"), ("h:0", "bad port '0'"), ("h:x", "bad port 'x'"),
      ("[h", "'[' without ']'"), ("[h]:2]", "bad port '2]'"), ("h:2:3", "bad port '2:3'"),
      ("h/a:b/c", "'/' after the host (write host:port)"),
-     ("[h]X", "unexpected 'X' after ']'")],
+     ("[h]X", "unexpected 'X' after ']'"),
+     ("ssh://;x@h", "empty user name in the ssh:// address"), ("ssh://u@", "no host"),
+     ("ssh://h/x", "an ssh:// address has no path"), ("ssh://h:22/p", "an ssh:// address has no path"),
+     ("ssh://h:0", "bad port '0'")],
 )
 def test_a_jump_hop_ssh_refuses_says_why(
     ref: Reference, tmp_path: Path, value: str, reason: str
