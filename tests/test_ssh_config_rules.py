@@ -378,7 +378,7 @@ def test_a_nul_byte_in_an_ssh_uri_user_is_refused(
      ("h:", (None, "h", None)), ("h:ssh", (None, "h", 22)), ("h:65535", (None, "h", 65535)),
      # only a host in brackets loses them
      ("ab]:2", (None, "ab]", 2)),
-     ("h#c", (None, "h", None)), ("ssh://u;a;b@h", ("u", "h", None)),
+     ("h#c", (None, "h", None)), ("h#c#d", (None, "h", None)), ("ssh://u;a;b@h", ("u", "h", None)),
      ("ssh://h:", (None, "h", None)), ("ssh://h/", (None, "h", None)),
      ("ssh://h:1", (None, "h", 1))],
 )
@@ -418,8 +418,7 @@ def test_a_jump_hop_ssh_refuses_says_why(
 
 
 def test_tilde_is_the_home_with_one_slash(tmp_path: Path) -> None:
-    """``tilde_expand_filename``: a home ending in '/' (or '/' itself) gets no second one;
-    an unknown ``~user`` is refused when the file is used, as ssh fails then."""
+    """``tilde_expand_filename``: a home ending in '/' (or '/' itself) gets no second one."""
     for home, path in [("/", "/k"), ("/home/u/", "/home/u/k"), ("/home/u", "/home/u/k")]:
         account = LocalAccount("u", home, os.getuid(), "testhost")
         config = tmp_path / "config"
@@ -427,6 +426,11 @@ def test_tilde_is_the_home_with_one_slash(tmp_path: Path) -> None:
         parsed = read_config_file(config, environ={"HOME": str(tmp_path)})
         assert parsed is not None
         assert resolve_host("gpu1", [parsed], account).identity_paths == (path,)
+
+
+def test_an_unknown_tilde_user_names_the_keyword_as_written(tmp_path: Path) -> None:
+    """Refused when the file is used, as ssh fails then (the keyword was shown lower-cased)."""
+    config = tmp_path / "config"
     with pytest.raises(ConfigError) as info:
         resolve(tmp_path, b"Host gpu1\n  IdentityFile ~nosuchuser-x/k\n")
     assert str(info.value) == (
@@ -504,3 +508,12 @@ def test_a_port_is_1_to_65535(ref: Reference, tmp_path: Path) -> None:
         with pytest.raises(ConfigError, match=f"Port '{port}' is not a port number"):
             resolve(tmp_path, f"Host gpu1\n  Port {port}\n".encode())
         assert ref.run("gpu1", tmp_path / "config")[0] != 0
+
+
+def test_an_environment_variable_after_a_brace(ref: Reference, tmp_path: Path) -> None:
+    """``${NAME}`` ends at the first '}' after it, whatever came before."""
+    text = "Host gpu1\n  UserKnownHostsFile /k}${HOME}/x\n"
+    resolved = resolve(tmp_path, text.encode())
+    assert resolved.known_hosts == (f"/k}}{tmp_path}/x",)
+    status, values, stderr = ref.run("gpu1", tmp_path / "config", env={**ref.env, "HOME": str(tmp_path)})
+    assert status == 0 and values["userknownhostsfile"] == [f"/k}}{tmp_path}/x"], stderr
