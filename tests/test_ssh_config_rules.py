@@ -517,3 +517,29 @@ def test_an_environment_variable_after_a_brace(ref: Reference, tmp_path: Path) -
     assert resolved.known_hosts == (f"/k}}{tmp_path}/x",)
     status, values, stderr = ref.run("gpu1", tmp_path / "config", env={**ref.env, "HOME": str(tmp_path)})
     assert status == 0 and values["userknownhostsfile"] == [f"/k}}{tmp_path}/x"], stderr
+
+
+def test_a_brace_after_an_environment_variable_is_text(ref: Reference, tmp_path: Path) -> None:
+    env = {**ref.env, "HOME": str(tmp_path)}
+    resolved = resolve(tmp_path, b"Host gpu1\n  UserKnownHostsFile /${HOME}/a}b\n")
+    assert resolved.known_hosts == (f"/{tmp_path}/a}}b",)
+    status, values, stderr = ref.run("gpu1", tmp_path / "config", env=env)
+    assert status == 0 and values["userknownhostsfile"] == [f"/{tmp_path}/a}}b"], stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [("/k${}", "invalid environment variable name ${}"),
+     ("/k${1A}", "invalid environment variable name ${1A}"),
+     ("/k${HOME", "'${' without '}'"),
+     ("/k${NOPE_X}", "environment variable ${NOPE_X} is not set")],
+)
+def test_a_bad_environment_variable_says_why(
+    ref: Reference, tmp_path: Path, value: str, reason: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve(tmp_path, f"Host gpu1\n  UserKnownHostsFile {value}\n".encode())
+    message = str(info.value)
+    assert message.startswith(f"{tmp_path / 'config'} line 2: ")
+    assert message.endswith(f" '{value}': {reason}"), message
+    assert ref.run("gpu1", tmp_path / "config")[0] != 0
