@@ -543,3 +543,14 @@ def test_a_bad_environment_variable_says_why(
     assert message.startswith(f"{tmp_path / 'config'} line 2: ")
     assert message.endswith(f" '{value}': {reason}"), message
     assert ref.run("gpu1", tmp_path / "config")[0] != 0
+
+
+def test_an_environment_variable_name_may_be_lower_case(ref: Reference, tmp_path: Path) -> None:
+    env = {**ref.env, "lower_x9": "/lx"}
+    config = tmp_path / "config"
+    config.write_text("Host gpu1\n  UserKnownHostsFile ${lower_x9}/k\n")
+    parsed = read_config_file(config, environ=env)
+    assert parsed is not None
+    assert resolve_host("gpu1", [parsed], ACCOUNT, environ=env).known_hosts == ("/lx/k",)
+    status, values, stderr = ref.run("gpu1", config, env=env)
+    assert status == 0 and values["userknownhostsfile"] == ["/lx/k"], stderr
