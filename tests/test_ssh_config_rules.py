@@ -532,7 +532,9 @@ def test_a_brace_after_an_environment_variable_is_text(ref: Reference, tmp_path:
     [("/k${}", "invalid environment variable name ${}"),
      ("/k${1A}", "invalid environment variable name ${1A}"),
      ("/k${HOME", "'${' without '}'"),
-     ("/k${NOPE_X}", "environment variable ${NOPE_X} is not set")],
+     ("/k${NOPE_X}", "environment variable ${NOPE_X} is not set"),
+     ("/k%", "a lone '%' at the end (write '%%' for a percent sign)"),
+     ("/k%z", "unknown token '%z' (known here: %C %L %d %h %i %k %l %n %p %r %u %%)")],
 )
 def test_a_bad_environment_variable_says_why(
     ref: Reference, tmp_path: Path, value: str, reason: str
