@@ -556,3 +556,12 @@ def test_an_environment_variable_name_may_be_lower_case(ref: Reference, tmp_path
     assert resolve_host("gpu1", [parsed], ACCOUNT, environ=env).known_hosts == ("/lx/k",)
     status, values, stderr = ref.run("gpu1", config, env=env)
     assert status == 0 and values["userknownhostsfile"] == ["/lx/k"], stderr
+
+
+def test_a_bad_identity_file_name_fails_as_ssh_fails_when_connecting(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve(tmp_path, b"Host gpu1\n  IdentityFile /k%z\n")
+    assert str(info.value).endswith(
+        " '/k%z': unknown token '%z' (known here: %C %L %d %h %i %k %l %n %p %r %u %%) (ssh fails "
+        "on it too, when connecting)"
+    )
