@@ -565,3 +565,40 @@ def test_a_bad_identity_file_name_fails_as_ssh_fails_when_connecting(tmp_path: P
         " '/k%z': unknown token '%z' (known here: %C %L %d %h %i %k %l %n %p %r %u %%) (ssh fails "
         "on it too, when connecting)"
     )
+
+
+@pytest.mark.parametrize(
+    ("value", "ours", "shown"),
+    [("yes", True, "yes"), ("TRUE", True, "yes"), ("no", False, "no"), ("False", False, "no")],
+)
+def test_forward_agent_yes_or_no(
+    ref: Reference, tmp_path: Path, value: str, ours: bool, shown: str
+) -> None:
+    assert resolve(tmp_path, f"Host gpu1\n  ForwardAgent {value}\n".encode()).forward_agent is ours
+    status, values, stderr = ref.run("gpu1", tmp_path / "config")
+    assert status == 0 and values["forwardagent"] == [shown], stderr
+
+
+def test_forward_agent_to_another_socket_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve(tmp_path, b"Host gpu1\n  ForwardAgent /tmp/agent.sock\n")
+    assert str(info.value) == (
+        f"{tmp_path / 'config'} line 2: ForwardAgent '/tmp/agent.sock': forwarding another agent "
+        "socket is not supported (write yes or no)"
+    )
+
+
+@pytest.mark.parametrize(("value", "seconds"), [("0", None), ("none", None), ("1", 1)])
+def test_connect_timeout_0_is_none(tmp_path: Path, value: str, seconds: int | None) -> None:
+    """ssh waits without a limit for 0 as for none: we pass no timeout, not 0."""
+    assert resolve(tmp_path, f"Host gpu1\n  ConnectTimeout {value}\n".encode()).connect_timeout == seconds
+
+
+def test_percent_l_is_the_local_host_name_to_its_first_dot(tmp_path: Path) -> None:
+    account = LocalAccount("u", "/home/u", os.getuid(), "node1.lab.example")
+    config = tmp_path / "config"
+    config.write_text("Host gpu1\n  IdentityFile /k/%L/%l\n")
+    parsed = read_config_file(config, environ={"HOME": str(tmp_path)})
+    assert parsed is not None
+    resolved = resolve_host("gpu1", [parsed], account)
+    assert resolved.identity_paths == ("/k/node1/node1.lab.example",)
