@@ -20,7 +20,12 @@ from ssh_scheduler.machines import ssh_include
 from ssh_scheduler.machines.ssh_config import parse_config_text, read_config_file
 from ssh_scheduler.machines.ssh_include import include_glob, secure_permissions
 from ssh_scheduler.machines.ssh_resolve import SshHost, resolve_host
-from ssh_scheduler.machines.ssh_tokens import LocalAccount, convtime, current_account
+from ssh_scheduler.machines.ssh_tokens import (
+    LocalAccount,
+    canonical_host,
+    convtime,
+    current_account,
+)
 from tests.ssh_reference import Reference, make_reference
 
 
@@ -203,12 +208,12 @@ def test_the_local_account_names_this_host() -> None:
 ACCOUNT = LocalAccount("localuser", "/nonexistent/localuser", os.getuid(), "testhost")
 
 
-def resolve(tmp_path: Path, data: bytes) -> SshHost:
+def resolve(tmp_path: Path, data: bytes, host: str = "gpu1") -> SshHost:
     config = tmp_path / "config"
     config.write_bytes(data)
     parsed = read_config_file(config, environ={"HOME": str(tmp_path)})
     assert parsed is not None
-    return resolve_host("gpu1", [parsed], ACCOUNT, environ={"HOME": str(tmp_path)})
+    return resolve_host(host, [parsed], ACCOUNT, environ={"HOME": str(tmp_path)})
 
 
 @pytest.mark.parametrize(
@@ -602,3 +607,41 @@ def test_percent_l_is_the_local_host_name_to_its_first_dot(tmp_path: Path) -> No
     assert parsed is not None
     resolved = resolve_host("gpu1", [parsed], account)
     assert resolved.identity_paths == ("/k/node1/node1.lab.example",)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [(b'Host ""\n', "line 1: Host has an empty pattern"),
+     (b"Host gpu1\n  User # x\n", "line 2: User has no value (ssh refuses this too; give one, "
+      "and quote a value that starts with '#')"),
+     (b"Host gpu1\n  User a b\n", "line 2: user takes one value, got 2 (ssh refuses this too; "
+      "quote a value with spaces)"),
+     (b'Host gpu1\n  UserKnownHostsFile /a ""\n',
+      "line 2: userknownhostsfile has an empty argument")],
+)
+def test_a_value_ssh_refuses_says_why(
+    ref: Reference, tmp_path: Path, data: bytes, message: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve(tmp_path, data)
+    assert str(info.value) == f"{tmp_path / 'config'} {message}"
+    assert ref.run("gpu1", tmp_path / "config")[0] != 0
+
+
+@pytest.mark.parametrize(
+    ("hostname", "shown"), [("X1", "x1"), ("127.000.000.001", "127.0.0.1"), ("Node.Lan", "node.lan")]
+)
+def test_a_host_name_is_written_as_ssh_writes_it(
+    ref: Reference, tmp_path: Path, hostname: str, shown: str
+) -> None:
+    """Lower-cased, or an address as the C library writes it (never a name looked up)."""
+    assert resolve(tmp_path, f"Host gpu1\n  HostName {hostname}\n".encode()).hostname == shown
+    status, values, stderr = ref.run("gpu1", tmp_path / "config")
+    assert status == 0 and values["hostname"] == [shown], stderr
+    assert canonical_host("ABC%1", None) == "ABC%1"  # a '%' makes it an address: kept
+
+
+def test_a_host_pattern_with_a_capital_x_is_literal(tmp_path: Path) -> None:
+    """``found``: the config knows the name when a pattern with a literal character matched it."""
+    assert resolve(tmp_path, b"Host X*\n  User x\n", host="Xgpu").found
+    assert not resolve(tmp_path, b"Host *\n  User x\n", host="Xgpu").found
