@@ -617,7 +617,9 @@ def test_percent_l_is_the_local_host_name_to_its_first_dot(tmp_path: Path) -> No
      (b"Host gpu1\n  User a b\n", "line 2: user takes one value, got 2 (ssh refuses this too; "
       "quote a value with spaces)"),
      (b'Host gpu1\n  UserKnownHostsFile /a ""\n',
-      "line 2: userknownhostsfile has an empty argument")],
+      "line 2: userknownhostsfile has an empty argument"),
+     (b"Host gpu1\n  AddressFamily ipv4\n",
+      "line 2: AddressFamily 'ipv4' is not one of any, inet, inet6")],
 )
 def test_a_value_ssh_refuses_says_why(
     ref: Reference, tmp_path: Path, data: bytes, message: str
