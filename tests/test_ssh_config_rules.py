@@ -647,3 +647,24 @@ def test_a_host_pattern_with_a_capital_x_is_literal(tmp_path: Path) -> None:
     """``found``: the config knows the name when a pattern with a literal character matched it."""
     assert resolve(tmp_path, b"Host X*\n  User x\n", host="Xgpu").found
     assert not resolve(tmp_path, b"Host *\n  User x\n", host="Xgpu").found
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"Host gpu1\n  User Xavier\n", b"Host caf\xe9 gpu1\n  User x\n",
+     b"Host gpu1\n  ProxyJump ==h\n", b"Host gpu1\n  ProxyJump=Xjump\n",
+     b"Host gpu1\n  ProxyCommand==Xnc %h\n",
+     # the ProxyJump wins: the ProxyCommand after it is not used, nor checked as text
+     b"Host gpu1\n  ProxyJump j\n  ProxyCommand nc %h \xe9\n"],
+)
+def test_values_read_as_ssh_reads_them(ref: Reference, tmp_path: Path, data: bytes) -> None:
+    """A leading capital X is text; '=' signs before a value go; a host pattern that is not
+    UTF-8 is matched as bytes."""
+    resolved = resolve(tmp_path, data)
+    status, values, stderr = ref.run("gpu1", tmp_path / "config")
+    assert status == 0, stderr
+    assert values["user"] == [resolved.user]
+    assert values.get("proxyjump") == ([resolved.proxy_jump] if resolved.proxy_jump else None)
+    assert values.get("proxycommand") == (
+        [resolved.proxy_command] if resolved.proxy_command else None
+    )
