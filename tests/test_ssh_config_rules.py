@@ -654,6 +654,9 @@ def test_a_host_pattern_with_a_capital_x_is_literal(tmp_path: Path) -> None:
     [b"Host gpu1\n  User Xavier\n", b"Host caf\xe9 gpu1\n  User x\n",
      b"Host gpu1\n  ProxyJump ==h\n", b"Host gpu1\n  ProxyJump=Xjump\n",
      b"Host gpu1\n  ProxyCommand==Xnc %h\n",
+     # a backslash escapes a quote, a backslash or a space, and is itself elsewhere
+     b"Host gpu1\n  User a\\\n", b"Host gpu1\n  User a\\Xb\n", b'Host gpu1\n  User a\\"b\n',
+     b"Host gpu1\n  User a\\ b\n",
      # the ProxyJump wins: the ProxyCommand after it is not used, nor checked as text
      b"Host gpu1\n  ProxyJump j\n  ProxyCommand nc %h \xe9\n"],
 )
