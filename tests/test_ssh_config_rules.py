@@ -671,3 +671,19 @@ def test_values_read_as_ssh_reads_them(ref: Reference, tmp_path: Path, data: byt
     assert values.get("proxycommand") == (
         [resolved.proxy_command] if resolved.proxy_command else None
     )
+
+
+def test_a_bracket_first_in_a_set_is_itself(ref: Reference, tmp_path: Path) -> None:
+    """glob(3): ``[]a]`` is the set of ']' and 'a', ``[!]]`` anything but ']'."""
+    base = tmp_path / "g"
+    base.mkdir()
+    for name, user in [("x].conf", "bracket"), ("xa.conf", "a"), ("xb.conf", "b")]:
+        (base / name).write_text(f"Host gpu1\n  User {user}\n")
+    assert include_glob(f"{base}/x[]a].conf", None) == [f"{base}/x].conf", f"{base}/xa.conf"]
+    assert include_glob(f"{base}/x[!]].conf", None) == [f"{base}/xa.conf", f"{base}/xb.conf"]
+    config = tmp_path / "config"
+    config.write_text(f"Include {base}/x[]b].conf\n")
+    assert ssh_user(ref, config) == "bracket"
+    parsed = read_config_file(config, environ=ref.env)
+    assert parsed is not None
+    assert resolve_host("gpu1", [parsed], ref.account, environ=ref.env).user == "bracket"
