@@ -656,7 +656,7 @@ def test_a_host_pattern_with_a_capital_x_is_literal(tmp_path: Path) -> None:
      b"Host gpu1\n  ProxyCommand==Xnc %h\n",
      # a backslash escapes a quote, a backslash or a space, and is itself elsewhere
      b"Host gpu1\n  User a\\\n", b"Host gpu1\n  User a\\Xb\n", b'Host gpu1\n  User a\\"b\n',
-     b"Host gpu1\n  User a\\ b\n",
+     b"Host gpu1\n  User a\\ b\n", b'Host gpu1\n  User a\\"\n',
      # the ProxyJump wins: the ProxyCommand after it is not used, nor checked as text
      b"Host gpu1\n  ProxyJump j\n  ProxyCommand nc %h \xe9\n"],
 )
