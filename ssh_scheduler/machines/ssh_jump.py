@@ -54,7 +54,8 @@ def _cleanhostname(host: str) -> str:
 
 
 def _urldecode(text: str) -> str:
-    """``urldecode``: ``+`` is a space, ``%XX`` a byte; the C string ends at a NUL byte."""
+    """``urldecode``: ``+`` is a space, ``%XX`` a byte, ``%00`` refused (ssh 9.2 as Debian
+    ships it refuses it: a NUL would end the C string there)."""
     out = bytearray()
     i = 0
     raw = text.encode("utf-8", "surrogateescape")
@@ -66,12 +67,14 @@ def _urldecode(text: str) -> str:
             pair = raw[i + 1 : i + 3].decode("ascii", "replace")
             if len(pair) != 2 or any(c not in _HEX for c in pair):
                 raise ValueError(f"bad %-escape in {text!r}")
+            if pair == "00":
+                raise ValueError(f"a NUL byte (%00) in {text!r}")
             out.append(int(pair, 16))
             i += 2
         else:
             out.append(ch)
         i += 1
-    return bytes(out).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+    return bytes(out).decode("utf-8", "surrogateescape")
 
 
 def _valid_domain(host: str) -> str:

@@ -83,7 +83,9 @@ def _expand(
         return percent_dollar_expand(text, tokens, environ)
     except ValueError as err:
         when = " (ssh fails on it too, when connecting)" if at_connect else ""
-        raise ConfigError(f"{line.where}: {line.keyword} {show_value(text)}: {err}{when}") from None
+        raise ConfigError(
+            f"{line.where}: {line.spelled or line.keyword} {show_value(text)}: {err}{when}"
+        ) from None
 
 
 def resolve_host(
