@@ -131,7 +131,7 @@ def test_system_config_includes_are_under_etc_ssh() -> None:
 
     parse_config_text("Include a.conf b/*.conf\n", source="/etc/ssh/ssh_config", user_config=False,
                       read_include=read_include)
-    parse_config_text("Include a.conf\n", source="/home/u/.ssh/config", read_include=read_include)
+    parse_config_text("Include a.conf\n", source="/users/u/.ssh/config", read_include=read_include)
     assert asked == ["/etc/ssh/a.conf", "/etc/ssh/b/*.conf", "~/.ssh/a.conf"]
     with pytest.raises(ConfigError) as info:
         parse_config_text("Host *\nInclude ~/x.conf\n", source="/etc/ssh/ssh_config",
@@ -424,7 +424,7 @@ def test_a_jump_hop_ssh_refuses_says_why(
 
 def test_tilde_is_the_home_with_one_slash(tmp_path: Path) -> None:
     """``tilde_expand_filename``: a home ending in '/' (or '/' itself) gets no second one."""
-    for home, path in [("/", "/k"), ("/home/u/", "/home/u/k"), ("/home/u", "/home/u/k")]:
+    for home, path in [("/", "/k"), ("/users/u/", "/users/u/k"), ("/users/u", "/users/u/k")]:
         account = LocalAccount("u", home, os.getuid(), "testhost")
         config = tmp_path / "config"
         config.write_text("Host gpu1\n  IdentityFile ~/k\n")
@@ -600,7 +600,7 @@ def test_connect_timeout_0_is_none(tmp_path: Path, value: str, seconds: int | No
 
 
 def test_percent_l_is_the_local_host_name_to_its_first_dot(tmp_path: Path) -> None:
-    account = LocalAccount("u", "/home/u", os.getuid(), "node1.lab.example")
+    account = LocalAccount("u", "/users/u", os.getuid(), "node1.lab.example")
     config = tmp_path / "config"
     config.write_text("Host gpu1\n  IdentityFile /k/%L/%l\n")
     parsed = read_config_file(config, environ={"HOME": str(tmp_path)})
