@@ -131,6 +131,20 @@ def test_a_job_added_before_the_opening_after_one_that_will_not_run_is_told_at_t
     assert {plan.phase(name) for name in ("first", "early", "earlier")} == {JobPhase.NOT_RUN}
 
 
+def test_an_added_job_no_host_could_ever_fit_is_told_why_word_for_word() -> None:
+    """The need no host meets, the largest host, the fix; never "(and every job of this
+    batch)": the others run."""
+    plan, _ = open_planner(cpus=2)
+    actions = plan.jobs_added([job("huge", needs=NeedsOverride(cpus=64)), job("fine")])
+    assert not_run(actions) == [
+        (
+            "huge",
+            "job huge can never run: needs 64 cpus; the largest host h0 has 2 cpus (2.5 with overload 1.25); "
+            "lower the job's needs or add a bigger machine",
+        )
+    ]
+
+
 # -- what jobs_added says -------------------------------------------------------------------------
 
 
