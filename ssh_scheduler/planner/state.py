@@ -94,9 +94,9 @@ class PlanState:
         """New slots for ``jobs`` (names not in the batch yet): QUEUED, BLOCKED while they wait
         for jobs of this batch, or NOT_RUN when one they wait for failed (in an earlier run: it
         is in :attr:`failed_before`, reported when the batch opens; in this one: returned, with
-        the reason, for the caller to report).  Each NOT_RUN slot comes with its reason, one a
-        job added after the opening waits for having failed in an earlier run too: no one
-        reports the opening's for it."""
+        the reason, for the caller to report).  Every NOT_RUN slot comes with its reason, also
+        when the job it waits for failed in an earlier run: a job added after the opening is
+        told then, not at the opening."""
         names = {job.name for job in jobs}
         added: list[tuple[JobSlot, str]] = []
         for job in jobs:
