@@ -119,16 +119,18 @@ def test_a_job_added_after_the_opening_that_waits_for_one_failed_in_an_earlier_r
 def test_a_job_added_before_the_opening_after_one_that_will_not_run_is_told_at_the_opening() -> None:
     """Added while the hosts still connect, it waits for a first job that will not run (its own
     ``after`` failed in an earlier run): it is told so when the batch opens, after that job,
-    as is one added then that waits for it."""
+    as is one added with it that waits for it, and one of every call before the opening."""
     plan = Planner([job("first", after=("bad",))], [("h0", "h0")], OPTIONS, already_done={"bad": False}, open=True)
     assert plan.jobs_added([job("early", after=("first",)), job("earlier", after=("early",))]) == []
+    assert plan.jobs_added([job("second", after=("first",))]) == []
     plan.probe_landed("h0", host_state(4))
     assert not_run(plan.begin("token")) == [
         ("first", "bad failed in an earlier run (--retry-failed reruns it)"),
         ("early", "first will not run"),
         ("earlier", "early will not run"),
+        ("second", "first will not run"),
     ]
-    assert {plan.phase(name) for name in ("first", "early", "earlier")} == {JobPhase.NOT_RUN}
+    assert {plan.phase(name) for name in ("first", "early", "earlier", "second")} == {JobPhase.NOT_RUN}
 
 
 def test_an_added_job_no_host_could_ever_fit_is_told_why_word_for_word() -> None:
