@@ -39,8 +39,7 @@ def test_an_added_job_waits_for_every_job_it_names_not_just_the_first_to_end() -
 
 def test_an_after_the_batch_knows_nothing_of_is_not_waited_for() -> None:
     """A name neither in the batch nor among the jobs skipped for their results (a batch file's
-    names are checked before; a call's job skipped when it joined has results): nothing to wait
-    for, the job runs."""
+    names are checked before it starts): nothing to wait for, the job runs."""
     plan, _ = open_planner()
     actions = plan.jobs_added([job("x", after=("elsewhere",))])
     assert [s.job.name for s in starts(actions)] == ["x"] and not_run(actions) == []
