@@ -31,7 +31,7 @@ from ssh_scheduler.planner.dispatch import dispatch
 from ssh_scheduler.planner.explain import explain_unfit
 from ssh_scheduler.planner.phases import JobPhase, JobSlot, move
 from ssh_scheduler.planner.policy import Resumable
-from ssh_scheduler.planner.state import PlanState
+from ssh_scheduler.planner.state import FAILED_EARLIER, PlanState
 
 __all__ = ["BatchStart"]
 
@@ -53,6 +53,9 @@ class BatchStart:
         # An open batch: jobs an earlier run left on a host, kept there for their job to join
         # (taken up then, not run twice); those that never join are ended at the close.
         self._adoptable: dict[str, tuple[str, bool, Resumable]] = {}
+        # Jobs added before the opening that will not run (a job of the batch they wait for will
+        # not), with why: said at the opening, which finds only failed_before's reasons itself.
+        self._refused: list[tuple[str, str]] = []
 
     # -- views ---------------------------------------------------------------------------------
 
@@ -129,13 +132,18 @@ class BatchStart:
             seen.add(job.name)
         added = state.add(jobs)
         if not state.began:
-            return []  # settled, refused or queued when the batch opens (_open)
+            # Settled, refused or queued when the batch opens (_open).
+            self._refused += [(s.job.name, why) for s, why in added if why and s.job.name not in state.failed_before]
+            return []
         assert state.base_needs is not None
         actions: list[Action] = [Say(JobsAdded(jobs=len(jobs), total=state.total))]
         for slot, reason in added:
             if slot.phase is JobPhase.NOT_RUN:
-                actions.append(Say(JobNotRun(job=slot.job.name, reason=reason)))
-                actions += state.not_run_after(slot.job.name, "will not run")
+                # Without a reason it was BLOCKED on a job of this call said not to run above,
+                # and was said not to run with it.
+                if reason:
+                    actions.append(Say(JobNotRun(job=slot.job.name, reason=reason)))
+                    actions += state.not_run_after(slot.job.name, "will not run")
                 continue
             slot.needs = slot.job.needs.apply(state.base_needs) if not slot.job.needs.empty else state.base_needs
             if not any(m.could_ever_fit(slot.needs) for m in state.usable()):
@@ -274,9 +282,13 @@ class BatchStart:
                     state.enqueue(slot)
             elif slot.phase is JobPhase.NOT_RUN and slot.job.name in state.failed_before:
                 failed = state.failed_before[slot.job.name]
-                reason = f"{failed} failed in an earlier run (--retry-failed reruns it)"
+                reason = f"{failed} {FAILED_EARLIER}"
                 actions.append(Say(JobNotRun(job=slot.job.name, reason=reason)))
                 actions += state.not_run_after(slot.job.name, "will not run")
+        for name, reason in self._refused:
+            actions.append(Say(JobNotRun(job=name, reason=reason)))
+            actions += state.not_run_after(name, "will not run")
+        self._refused.clear()
         for host in state.hosts.values():
             if host.down is not None:
                 actions += state.revive(host)

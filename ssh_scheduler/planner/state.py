@@ -22,9 +22,12 @@ from ssh_scheduler.planner.phases import FINAL_PHASES, JobPhase, JobSlot, move
 from ssh_scheduler.planner.policy import Resumable
 from ssh_scheduler.planner.probe_schedule import ProbeSchedule
 
-__all__ = ["PlanState"]
+__all__ = ["FAILED_EARLIER", "PlanState"]
 
 _ENDED_AS = {JobPhase.FAILED: "failed", JobPhase.CANCELLED: "was cancelled"}
+
+FAILED_EARLIER = "failed in an earlier run (--retry-failed reruns it)"
+"""Why a job whose ``after`` failed in an earlier run is not run (after that job's name)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -91,7 +94,9 @@ class PlanState:
         """New slots for ``jobs`` (names not in the batch yet): QUEUED, BLOCKED while they wait
         for jobs of this batch, or NOT_RUN when one they wait for failed (in an earlier run: it
         is in :attr:`failed_before`, reported when the batch opens; in this one: returned, with
-        the reason, for the caller to report)."""
+        the reason, for the caller to report).  Every NOT_RUN slot comes with its reason, also
+        when the job it waits for failed in an earlier run: a job added after the opening is
+        told then, not at the opening."""
         names = {job.name for job in jobs}
         added: list[tuple[JobSlot, str]] = []
         for job in jobs:
@@ -106,6 +111,7 @@ class PlanState:
                     reason = reason or f"{name} {_ENDED_AS.get(there.phase, 'will not run')}"
                 elif there is None and not self.done_before.get(name, True):
                     self.failed_before.setdefault(job.name, name)
+                    reason = reason or f"{name} {FAILED_EARLIER}"
             if job.name in self.failed_before or reason:  # failed_before: reported at the opening
                 phase = JobPhase.NOT_RUN
             else:
