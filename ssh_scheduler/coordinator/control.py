@@ -20,14 +20,14 @@ import logging
 import os
 import socket
 import stat
-import struct
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from ssh_scheduler.errors import SchedulerError, plain_text
 from ssh_scheduler.planner.actions import Action
 from ssh_scheduler.planner.plan import Planner
+from ssh_scheduler.transport.unix_socket import peer_uid, reachable
 
 __all__ = ["SOCKET_NAME", "ControlError", "ControlServer", "NoCoordinator", "batch_requests", "reply_problem", "send_request"]
 
@@ -35,7 +35,6 @@ log = logging.getLogger(__name__)
 
 SOCKET_NAME = ".control.sock"
 MAX_REQUEST = 1 << 20
-_UNIX_PATH_MAX = 107  # sun_path is 108 bytes with its NUL
 
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -56,26 +55,6 @@ class ControlError(SchedulerError):
     """No coordinator answers, or it refused the request."""
 
 
-@contextlib.contextmanager
-def _reachable(path: Path) -> Iterator[str]:
-    """A path for ``bind``/``connect`` that fits ``sun_path``: a long one goes through
-    ``/proc/self/fd/N`` of its folder (deep pytest or home folders exceed 107 bytes)."""
-    if len(os.fsencode(path)) <= _UNIX_PATH_MAX:
-        yield str(path)
-        return
-    fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY)
-    try:
-        yield f"/proc/self/fd/{fd}/{path.name}"
-    finally:
-        os.close(fd)
-
-
-def peer_uid(sock: socket.socket) -> int:
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _pid, uid, _gid = struct.unpack("3i", creds)
-    return int(uid)
-
-
 class ControlServer:
     def __init__(self, results_dir: Path, handle: Handler, *, allowed_uid: int | None = None) -> None:
         self.path = results_dir / SOCKET_NAME
@@ -88,7 +67,7 @@ class ControlServer:
             self.path.unlink()  # left by a coordinator that was killed
         umask = os.umask(0o177)  # created 0600: never a moment when others could connect
         try:
-            with _reachable(self.path) as where:
+            with reachable(self.path) as where:
                 self._server = await asyncio.start_unix_server(self._serve, path=where, limit=MAX_REQUEST)
         except OSError as exc:
             log.warning("cannot serve %s (%s): pause, resume and cancel will not reach this batch", self.path, exc)
@@ -217,7 +196,7 @@ def send_request(results_dir: Path, request: dict[str, Any], timeout: float = 10
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(timeout)
             try:
-                with _reachable(path) as where:
+                with reachable(path) as where:
                     sock.connect(where)
             except (FileNotFoundError, ConnectionRefusedError):
                 raise NoCoordinator(

@@ -54,13 +54,13 @@ from ssh_scheduler.transport.hub_wire import (
     folder_path,
     lock_path,
     machine_json,
-    peer_uid,
     private_folder,
     read_frame,
     send_request,
     socket_path,
 )
 from ssh_scheduler.transport.lines import BoundedLines
+from ssh_scheduler.transport.unix_socket import peer_uid
 
 log = logging.getLogger(__name__)
 

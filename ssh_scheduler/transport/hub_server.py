@@ -46,13 +46,12 @@ from ssh_scheduler.transport.hub_wire import (
     json_frame,
     lock_path,
     machine_from_json,
-    peer_uid,
     private_folder,
-    reachable,
     receive_request,
     reply_line,
     socket_path,
 )
+from ssh_scheduler.transport.unix_socket import peer_uid, reachable
 
 log = logging.getLogger(__name__)
 

@@ -38,6 +38,7 @@ from ssh_scheduler import errors
 from ssh_scheduler.machines.machine import Machine
 from ssh_scheduler.machines.slurm import SlurmSettings
 from ssh_scheduler.transport.base import RemoteFileError, SizeLimitExceeded
+from ssh_scheduler.transport.unix_socket import peer_uid, reachable
 
 FOLDER_NAME = "ssh_scheduler"
 SOCKET_PREFIX = "hub-"
@@ -54,7 +55,6 @@ ERR = 2  # stderr bytes
 END = 3  # JSON: how it ended ({"code": ..., "signal": ...} or the agent's exit details)
 FAIL = 4  # JSON: the error that ended it (:func:`error_json`)
 _HEAD = struct.Struct("!BI")
-_UNIX_PATH_MAX = 107
 
 
 class HubUnusable(Exception):
@@ -125,25 +125,6 @@ def socket_path(folder: Path, key: str | None = None) -> Path:
 
 def lock_path(socket_file: Path) -> Path:
     return socket_file.with_suffix(".lock")
-
-
-@contextlib.contextmanager
-def reachable(path: Path) -> Iterator[str]:
-    """A name for ``bind``/``connect`` that fits ``sun_path``: a long path goes through
-    ``/proc/self/fd/N`` of its folder (a deep XDG_RUNTIME_DIR)."""
-    if len(os.fsencode(path)) <= _UNIX_PATH_MAX:
-        yield str(path)
-        return
-    fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        yield f"/proc/self/fd/{fd}/{path.name}"
-    finally:
-        os.close(fd)
-
-
-def peer_uid(sock: socket.socket) -> int:
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return int(struct.unpack("3i", creds)[1])
 
 
 # --- requests: one JSON line each way, descriptors alongside ---------------------------------
