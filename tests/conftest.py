@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from ssh_scheduler.transport.hub_client import KEEP_WARM_VARIABLE
+from ssh_scheduler.transport.hub_place import KEEP_WARM_VARIABLE
 
 # The hook that fails skipped tests under CI=true (imported here so pytest registers it).
 from tests.ci_skips import pytest_runtest_makereport  # noqa: F401

@@ -26,23 +26,25 @@ from ssh_scheduler.transport import hub_agent
 from ssh_scheduler.transport.base import AgentProcess, SizeLimitExceeded
 from ssh_scheduler.transport.hub_agent import AgentLink
 from ssh_scheduler.transport.hub_client import (
-    KEEP_WARM_VARIABLE,
     hub_status,
     keep_warm_of,
     open_via_hub,
+)
+from ssh_scheduler.transport.hub_place import (
+    KEEP_WARM_VARIABLE,
+    HubUnusable,
+    private_folder,
+    socket_path,
 )
 from ssh_scheduler.transport.hub_pool import identity, key_files
 from ssh_scheduler.transport.hub_wire import (
     END,
     OUT,
-    HubUnusable,
     error_from_json,
     error_json,
     machine_from_json,
     machine_json,
-    private_folder,
     read_frame,
-    socket_path,
 )
 from ssh_scheduler.transport.lines import BoundedLines
 

@@ -20,8 +20,10 @@ from typing import Any
 
 from bench_kex import matched
 
-from bench_driver.base import PY, REPO, log
+from bench_driver.base import PY, REPO, VENV_BIN, log
 from bench_driver.measure import Cmd, host_tcp
+from ssh_scheduler.cli.warm_place import running_launchers
+from ssh_scheduler.transport.hub_client import hub_status
 from tests.cluster import Cluster, GpuSpec, HostSpec, start_cluster
 
 
@@ -178,10 +180,16 @@ class Bench:
     def make_cold(self, cluster: Cluster | None = None, names: Sequence[str] | None = None) -> int:
         """End every SSH connection something still holds open to these hosts (a hub keeping
         them warm for the next command), from the host's side: the login user's processes
-        there, sessions included, are killed.  A cold run then really connects.  Returns how
-        many connections were held (0 while nothing keeps any)."""
+        there, sessions included, are killed; and end this user's hub and warm launcher here
+        (``ssh-scheduler hub stop``, waited for).  A cold run then starts as a first command
+        does: it starts the hub, connects, and loads every module itself.  Returns how many
+        connections were held (0 while nothing keeps any)."""
         cluster = cluster or self.cluster
         assert cluster is not None
+        subprocess.run([str(VENV_BIN / "ssh-scheduler"), "hub", "stop"], env=self.env, capture_output=True, timeout=60, check=False)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and (hub_status() or running_launchers()):
+            time.sleep(0.05)
         held = 0
         for h in cluster.hosts:
             if (names is None or h.name in names) and h.init_pid:

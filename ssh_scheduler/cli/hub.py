@@ -7,13 +7,16 @@ it when they need it (transport/hub_client.py runs ``hub serve`` with the pipe i
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import stat
 from typing import Annotated, Any
 
 import typer
 
 from ssh_scheduler.cli.common import err_line, out_line
+from ssh_scheduler.cli.warm_place import running_launchers
 from ssh_scheduler.transport.hub_client import hub_folder, hub_status, stop_hub
 
 __all__ = ["hub", "hub_lines"]
@@ -38,6 +41,8 @@ def hub_lines(hubs: list[dict[str, Any]]) -> list[str]:
                 how = "in use"
             agent = ", agent kept" if h.get("agent") else ""
             lines.append(f"  {h.get('name')} ({user}{h.get('host')}{port}): {how}{agent}; used {h.get('uses')} times")
+    for pid in running_launchers():
+        lines.append(f"warm starts: launcher pid {pid} (commands start in a copy of it, everything loaded; it ends with the hub)")
     return lines
 
 
@@ -55,18 +60,31 @@ def hub(
         raise typer.Exit(serve(status_fd))
     if action == "stop":
         stopped = stop_hub()
-        if not stopped:
+        ended = stop_launchers()
+        if not stopped and not ended:
             out_line("no hub runs")
         for reply in stopped:
             lent = int(reply.get("lent") or 0)
             tail = f"; {lent} connections in use close when their commands end" if lent else ""
             out_line(f"stopped the hub (pid {reply.get('pid')}){tail}")
+        for pid in ended:
+            out_line(f"stopped the launcher (pid {pid}); a command it runs finishes first")
         return
     if action != "status":
         err_line(f"error: unknown hub action {action!r}; use status or stop")
         raise typer.Exit(2)
     for line in hub_lines(hub_status()):
         out_line(line)
+
+
+def stop_launchers() -> list[int]:
+    """Tell this user's launchers to end (each ends once the commands it runs have)."""
+    ended = []
+    for pid in running_launchers():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+            ended.append(pid)
+    return ended
 
 
 def _is_pipe(fd: int) -> bool:

@@ -136,6 +136,11 @@ def run_app(app: typer.Typer, args: Sequence[str], prog_name: str) -> None:
     is, not click's framed box of usage, hint and message."""
     show_library_logs()
     gc.set_threshold(*GC_THRESHOLD)
+    code = _run(app, args, prog_name)
+    raise SystemExit(code)
+
+
+def _run(app: typer.Typer, args: Sequence[str], prog_name: str) -> int:
     with quiet_on_broken_pipe():
         try:
             code = app(args=expand_multi_value(args), prog_name=prog_name, standalone_mode=False)
@@ -153,7 +158,7 @@ def run_app(app: typer.Typer, args: Sequence[str], prog_name: str) -> None:
         except typer.Abort:
             err_line("Aborted!")
             raise SystemExit(1) from None
-    raise SystemExit(code if isinstance(code, int) else 0)
+    return code if isinstance(code, int) else 0
 
 
 def one_command(name: str, args: Sequence[str], prog_name: str) -> None:

@@ -41,37 +41,39 @@ from ssh_scheduler.transport.base import (
     OutputSink,
     describe,
 )
+from ssh_scheduler.transport.hub_place import (
+    KEEP_WARM_VARIABLE,
+    SOCKET_PREFIX,
+    HubAbsent,
+    HubUnusable,
+    folder_path,
+    lock_path,
+    private_folder,
+    socket_path,
+)
 from ssh_scheduler.transport.hub_wire import (
     END,
     ERR,
     FAIL,
     OUT,
-    SOCKET_PREFIX,
-    HubAbsent,
-    HubUnusable,
     connect_socket,
     error_from_json,
-    folder_path,
-    lock_path,
     machine_json,
-    private_folder,
     read_frame,
     send_request,
-    socket_path,
 )
 from ssh_scheduler.transport.lines import BoundedLines
 from ssh_scheduler.transport.unix_socket import peer_uid
 
 log = logging.getLogger(__name__)
 
-KEEP_WARM_VARIABLE = "SSH_SCHEDULER_KEEP_WARM"
-"""The default ``keep_warm`` of machines that set none (0: no hub; a CI job, a test suite)."""
 START_TIMEOUT = 20.0
 """Seconds a starting hub may take to listen (python3 and asyncssh to import, on a busy host)."""
 REACH_TIMEOUT = 5.0
 """Seconds to reach a running hub's socket."""
 SUPPORTED = sys.platform == "linux"
 """Peer credentials (SO_PEERCRED) and /proc/self/fd: elsewhere every command connects directly."""
+_borrowed: set[Path] = set()
 _starting: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Future[None]] = weakref.WeakKeyDictionary()
 
 
@@ -151,7 +153,13 @@ async def open_via_hub(machine: Machine, *, accept_new: bool = False, keepalive:
         writer.close()
         log.debug("%s: the hub named a socket outside its folder (%s); connecting directly", machine.name, own)
         return None
+    _borrowed.add(path)
     return HubTransport(machine, own, str(reply["lease"]), reader, writer, bool(reply.get("warm")))
+
+
+def borrowed() -> bool:
+    """Whether this process borrowed a connection from a hub (its commands start warm next)."""
+    return bool(_borrowed)
 
 
 async def _reach(path: Path) -> socket.socket:

@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 
 from ssh_scheduler.errors import ConnectionLostError, SchedulerError
 from ssh_scheduler.transport.hub_agent import AgentLink
+from ssh_scheduler.transport.hub_place import hub_key, lock_path, private_folder, socket_path
 from ssh_scheduler.transport.hub_pool import Held, Pool
 from ssh_scheduler.transport.hub_wire import (
     END,
@@ -42,14 +43,10 @@ from ssh_scheduler.transport.hub_wire import (
     OUT,
     error_json,
     frame,
-    hub_key,
     json_frame,
-    lock_path,
     machine_from_json,
-    private_folder,
     receive_request,
     reply_line,
-    socket_path,
 )
 from ssh_scheduler.transport.unix_socket import peer_uid, reachable
 

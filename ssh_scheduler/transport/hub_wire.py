@@ -3,12 +3,12 @@
 The hub (hub_server.py) is a per-user background process that keeps hosts' SSH connections warm
 between commands; clients (hub_client.py) reach it over a unix socket in a private folder:
 ``$XDG_RUNTIME_DIR/ssh_scheduler/`` (systemd's per-user folder), else ``/tmp/ssh_scheduler-UID/``,
-which must be a real folder of ours with no access for anyone else (:func:`private_folder`).
+which must be a real folder of ours with no access for anyone else (``hub_place.private_folder``).
 Both ends check the other's uid (``SO_PEERCRED``): root ignores the folder's mode, and a socket
 that another user managed to plant answers with its owner's uid.
 
 One hub serves one version of this package with one environment: the socket's name carries a key
-of both (:func:`hub_key`), so a hub never serves code it was not started from (a new release, an
+of both (``hub_place.hub_key``), so a hub never serves code it was not started from (a new release, an
 edited checkout) or a login whose ssh-agent, HOME or PATH differ from the one it connects with.
 
 The wire: each connection starts with one JSON request line from the client, which may carry file
@@ -20,17 +20,11 @@ as frames: a kind byte, a 4-byte length, the bytes (:func:`frame`, :func:`read_f
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import functools
-import hashlib
 import json
 import os
 import socket
-import stat
 import struct
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,16 +32,11 @@ from ssh_scheduler import errors
 from ssh_scheduler.machines.machine import Machine
 from ssh_scheduler.machines.slurm import SlurmSettings
 from ssh_scheduler.transport.base import RemoteFileError, SizeLimitExceeded
+from ssh_scheduler.transport.hub_place import HubAbsent, HubUnusable
 from ssh_scheduler.transport.unix_socket import peer_uid, reachable
 
-FOLDER_NAME = "ssh_scheduler"
-SOCKET_PREFIX = "hub-"
 MAX_REQUEST = 1 << 20
 MAX_FDS = 4
-ENVIRONMENT = ("HOME", "USER", "LOGNAME", "PATH", "SHELL", "SSH_AUTH_SOCK", "KRB5CCNAME")
-"""What of the environment a connection depends on (keys and the ssh-agent, ``~``, the login
-name, the ProxyCommand's shell and PATH): part of the hub's key, so the hub that connects for a
-command has the same values."""
 
 # Frame kinds of a stream from the hub.
 OUT = 1  # stdout bytes
@@ -55,76 +44,6 @@ ERR = 2  # stderr bytes
 END = 3  # JSON: how it ended ({"code": ..., "signal": ...} or the agent's exit details)
 FAIL = 4  # JSON: the error that ended it (:func:`error_json`)
 _HEAD = struct.Struct("!BI")
-
-
-class HubUnusable(Exception):
-    """The hub cannot be used (none runs, it refused, it is not ours): connect directly."""
-
-
-class HubAbsent(HubUnusable):
-    """Nobody listens on the hub's socket (none was started, or a dead one's file is left)."""
-
-
-# --- where, and whose ------------------------------------------------------------------------
-
-
-def folder_path() -> Path:
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and os.path.isabs(runtime):
-        return Path(runtime) / FOLDER_NAME
-    return Path("/tmp") / f"{FOLDER_NAME}-{os.getuid()}"
-
-
-def private_folder(create: bool) -> Path:
-    """The hub's folder, made (0700) when ``create`` and missing; raises :class:`HubUnusable`
-    when it is not a folder of ours closed to everyone else (a planted one is never used)."""
-    path = folder_path()
-    if create:
-        with contextlib.suppress(FileExistsError, FileNotFoundError):
-            os.mkdir(path, 0o700)
-    try:
-        st = os.lstat(path)
-    except OSError as exc:
-        raise HubUnusable(f"{path}: {exc.strerror}") from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise HubUnusable(f"{path} is not a folder")
-    if st.st_uid != os.getuid():
-        raise HubUnusable(f"{path} belongs to uid {st.st_uid}, not to us (uid {os.getuid()})")
-    if st.st_mode & 0o077:
-        raise HubUnusable(f"{path} is open to others (mode {stat.S_IMODE(st.st_mode):o}, not 700)")
-    return path
-
-
-@functools.cache
-def hub_key() -> str:
-    """This package's version (each module's name, size and modification time), the python
-    running it and the :data:`ENVIRONMENT`, hashed: a hub serves exactly what its key says."""
-    digest = hashlib.sha256()
-    digest.update(os.fsencode(sys.executable) + b"\0")
-    for name in ENVIRONMENT:
-        digest.update(f"{name}={os.environ.get(name, '')}\0".encode("utf-8", "surrogateescape"))
-    package = Path(__file__).resolve().parents[1]
-    digest.update(os.fsencode(package) + b"\0")
-    for rel, st in sorted(_modules(package, "")):
-        digest.update(f"{rel}:{st.st_size}:{st.st_mtime_ns}\0".encode("utf-8", "surrogateescape"))
-    return digest.hexdigest()[:20]
-
-
-def _modules(folder: Path, prefix: str) -> Iterator[tuple[str, os.stat_result]]:
-    with os.scandir(folder) as entries:
-        for entry in entries:
-            if entry.is_dir(follow_symlinks=False) and entry.name != "__pycache__":
-                yield from _modules(Path(entry.path), f"{prefix}{entry.name}/")
-            elif entry.name.endswith(".py"):
-                yield prefix + entry.name, entry.stat()
-
-
-def socket_path(folder: Path, key: str | None = None) -> Path:
-    return folder / f"{SOCKET_PREFIX}{key or hub_key()}.sock"
-
-
-def lock_path(socket_file: Path) -> Path:
-    return socket_file.with_suffix(".lock")
 
 
 # --- requests: one JSON line each way, descriptors alongside ---------------------------------

@@ -1,0 +1,97 @@
+"""Where this user's hub listens and which hub a command may use: the standard library only.
+
+The hub (hub_server.py) and its clients (hub_client.py, and the command line's thin start,
+cli/launch.py, which must not import asyncio or asyncssh to stay quick) agree here on the
+private folder (:func:`private_folder`), the key that names a hub by the code and environment it
+serves (:func:`hub_key`), and the socket and lock names under it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import os
+import stat
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+FOLDER_NAME = "ssh_scheduler"
+KEEP_WARM_VARIABLE = "SSH_SCHEDULER_KEEP_WARM"
+"""The default ``keep_warm`` of machines that set none (0: no hub; a CI job, a test suite)."""
+SOCKET_PREFIX = "hub-"
+ENVIRONMENT = ("HOME", "USER", "LOGNAME", "PATH", "SHELL", "SSH_AUTH_SOCK", "KRB5CCNAME")
+"""What of the environment a connection depends on (keys and the ssh-agent, ``~``, the login
+name, the ProxyCommand's shell and PATH): part of the hub's key, so the hub that connects for a
+command has the same values."""
+
+
+class HubUnusable(Exception):
+    """The hub cannot be used (none runs, it refused, it is not ours): connect directly."""
+
+
+class HubAbsent(HubUnusable):
+    """Nobody listens on the hub's socket (none was started, or a dead one's file is left)."""
+
+
+# --- where, and whose ------------------------------------------------------------------------
+
+
+def folder_path() -> Path:
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isabs(runtime):
+        return Path(runtime) / FOLDER_NAME
+    return Path("/tmp") / f"{FOLDER_NAME}-{os.getuid()}"
+
+
+def private_folder(create: bool) -> Path:
+    """The hub's folder, made (0700) when ``create`` and missing; raises :class:`HubUnusable`
+    when it is not a folder of ours closed to everyone else (a planted one is never used)."""
+    path = folder_path()
+    if create:
+        with contextlib.suppress(FileExistsError, FileNotFoundError):
+            os.mkdir(path, 0o700)
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise HubUnusable(f"{path}: {exc.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise HubUnusable(f"{path} is not a folder")
+    if st.st_uid != os.getuid():
+        raise HubUnusable(f"{path} belongs to uid {st.st_uid}, not to us (uid {os.getuid()})")
+    if st.st_mode & 0o077:
+        raise HubUnusable(f"{path} is open to others (mode {stat.S_IMODE(st.st_mode):o}, not 700)")
+    return path
+
+
+@functools.cache
+def hub_key() -> str:
+    """This package's version (each module's name, size and modification time), the python
+    running it and the :data:`ENVIRONMENT`, hashed: a hub serves exactly what its key says."""
+    digest = hashlib.sha256()
+    digest.update(os.fsencode(sys.executable) + b"\0")
+    for name in ENVIRONMENT:
+        digest.update(f"{name}={os.environ.get(name, '')}\0".encode("utf-8", "surrogateescape"))
+    package = Path(__file__).resolve().parents[1]
+    digest.update(os.fsencode(package) + b"\0")
+    for rel, st in sorted(_modules(package, "")):
+        digest.update(f"{rel}:{st.st_size}:{st.st_mtime_ns}\0".encode("utf-8", "surrogateescape"))
+    return digest.hexdigest()[:20]
+
+
+def _modules(folder: Path, prefix: str) -> Iterator[tuple[str, os.stat_result]]:
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False) and entry.name != "__pycache__":
+                yield from _modules(Path(entry.path), f"{prefix}{entry.name}/")
+            elif entry.name.endswith(".py"):
+                yield prefix + entry.name, entry.stat()
+
+
+def socket_path(folder: Path, key: str | None = None) -> Path:
+    return folder / f"{SOCKET_PREFIX}{key or hub_key()}.sock"
+
+
+def lock_path(socket_file: Path) -> Path:
+    return socket_file.with_suffix(".lock")

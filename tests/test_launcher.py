@@ -1,0 +1,296 @@
+"""The warm launcher (cli/launcher.py) and the thin start (cli/launch.py), as users run them: the
+console scripts, a real launcher process, real signals.
+
+A command handed to a launcher must be the command run in its own process: the same output,
+exit status and error lines, in the caller's folder, environment, umask and limits, with its
+standard streams; a Ctrl-C or kill reaches it, a caller that dies stops it.  A launcher another
+user listens on is never told anything; a caller in another context (priority, CPUs) runs its
+command itself; a launcher ends with its hub.  Each test checks the launcher's log to know that
+the command did (or did not) go through it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from ssh_scheduler.cli.warm_place import launcher_key
+from ssh_scheduler.transport.hub_place import KEEP_WARM_VARIABLE
+
+BIN = Path(sys.executable).parent
+# The interpreter the console scripts run (their first line): part of the launcher's key.
+SCRIPT_PYTHON = (BIN / "execute_remote").read_text().splitlines()[0].removeprefix("#!").strip()
+KEY_OF = "from ssh_scheduler.cli.warm_place import launcher_key; from ssh_scheduler.transport.hub_place import hub_key; print(launcher_key(), hub_key())"
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the launcher needs Linux (SO_PEERCRED, pidfd)")
+
+
+def until(check: Callable[[], bool], what: str, limit: float = 30) -> None:
+    deadline = time.monotonic() + limit
+    while not check():
+        assert time.monotonic() < deadline, f"still not: {what}"
+        time.sleep(0.05)
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie nobody reaped yet has ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+class Warm:
+    """A private folder with a hub's socket name in it, and a launcher serving there."""
+
+    def __init__(self, runtime: Path, fake_hub: bool = True) -> None:
+        self.runtime = runtime
+        self.folder = runtime / "ssh_scheduler"
+        self.folder.mkdir(mode=0o700)
+        self.env = dict(os.environ, XDG_RUNTIME_DIR=str(runtime))
+        self.env[KEEP_WARM_VARIABLE] = "30"
+        self.env.pop("PYTHONPATH", None)
+        keys = subprocess.run([SCRIPT_PYTHON, "-c", KEY_OF], env=self.env, capture_output=True, text=True, check=True, cwd="/")
+        self.key, hub = keys.stdout.split()
+        self.hub = self.folder / f"hub-{hub}.sock"
+        if fake_hub:
+            self.hub.touch()  # the launcher lives while its hub's socket is there
+        self.socket = self.folder / f"launcher-{self.key}.sock"
+        self.log = self.socket.with_suffix(".log")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen(
+                [SCRIPT_PYTHON, "-m", "ssh_scheduler.cli.launcher"], env=self.env, stdout=log, stderr=log,
+                stdin=subprocess.DEVNULL, cwd="/", start_new_session=True,
+            )
+        until(self.socket.exists, "the launcher listens")
+
+    def launched(self) -> list[int]:
+        """The pids of the copies it forked so far (its log)."""
+        text = self.log.read_text() if self.log.exists() else ""
+        return [int(line.split(" as pid ")[1]) for line in text.splitlines() if " as pid " in line]
+
+    def run(self, *argv: str, cwd: Path, env: dict[str, str] | None = None, script: str = "execute_remote",
+            **popen: object) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(BIN / script), *argv], env=env or self.env, cwd=cwd, capture_output=True, text=True, timeout=120,
+            **popen,  # type: ignore[call-overload]
+        )
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(30)
+
+
+@pytest.fixture
+def warm() -> Iterator[Warm]:
+    runtime = Path(tempfile.mkdtemp(prefix="lch-", dir="/tmp"))  # short: unix socket names are
+    place = Warm(runtime)
+    try:
+        yield place
+    finally:
+        place.stop()
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
+PROBE = 'echo "FOO=$FOO"; umask; ulimit -Sn; ulimit -Hn; cat in.txt; echo out; echo err >&2; exit 7'
+
+
+def lowered_limits() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 321), min(hard, 654)))
+    os.umask(0o027)
+
+
+def test_a_command_handed_over_is_the_command_run_in_its_own_process(warm: Warm, tmp_path: Path) -> None:
+    (tmp_path / "in.txt").write_text("input here\n")
+    env = dict(warm.env, FOO="bar baz")
+    # Here first (no launcher yet), then through it: the same to the byte, and the same status.
+    here = warm.run(PROBE, "--copy-forwards", "in.txt", "--job-name", "here", cwd=tmp_path, env=env, preexec_fn=lowered_limits)
+    assert warm.launched() == []
+    warm.start()
+    there = warm.run(PROBE, "--copy-forwards", "in.txt", "--job-name", "there", cwd=tmp_path, env=env, preexec_fn=lowered_limits)
+    assert len(warm.launched()) == 1
+    assert here.returncode == there.returncode == 7
+    assert here.stdout == there.stdout == "FOO=bar baz\n0027\n321\n654\ninput here\nout\n"
+    assert here.stderr == there.stderr == "err\n"
+    # Its results went into the caller's folder, as here.
+    for name in ("here", "there"):
+        assert (tmp_path / "job_results" / f"{name}.out").read_text().endswith("out\n")
+        assert (tmp_path / "job_results" / f"{name}.err").read_text() == "err\n"
+
+
+def test_refusals_and_help_are_the_same_through_the_launcher(warm: Warm, tmp_path: Path) -> None:
+    cases = [
+        ("execute_remote", ["--keep-warm", "abc", "true"]),
+        ("execute_batch", ["missing.sh", "--machines", "nowhere.yaml"]),
+        ("combine_folders", ["--help"]),
+        ("ssh-scheduler", ["hub"]),
+    ]
+    here = [warm.run(*argv, cwd=tmp_path, script=script) for script, argv in cases]
+    warm.start()
+    there = [warm.run(*argv, cwd=tmp_path, script=script) for script, argv in cases]
+    assert len(warm.launched()) == len(cases)
+    for (script, _), a, b in zip(cases, here, there, strict=True):
+        assert (a.returncode, a.stdout, a.stderr) == (b.returncode, b.stdout, b.stderr), script
+    assert here[0].returncode == 2 and here[0].stderr.startswith("error: Invalid value for '--keep-warm'")
+
+
+def test_ctrl_c_reaches_the_command_and_a_dead_caller_stops_it(warm: Warm, tmp_path: Path) -> None:
+    warm.start()
+    # What the job runs ("sleep 47.N") is not in the caller's own arguments: pgrep finds the job only.
+    tail = os.getpid() % 1000
+    marker = f"sleep 47.{tail}"
+
+    def started() -> subprocess.Popen[str]:
+        caller = subprocess.Popen(
+            [str(BIN / "execute_remote"), f"sleep $((40 + 7)).{tail}"], env=warm.env, cwd=tmp_path, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+        until(lambda: subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode == 0, "the job runs")
+        return caller
+
+    # Ctrl-C (SIGINT to the command we started): the job is killed and the command says so.
+    caller = started()
+    caller.send_signal(signal.SIGINT)
+    out, err = caller.communicate(timeout=60)
+    assert caller.returncode == 130, (out, err)
+    assert "cancelled" in err or "interrupted" in err, err
+    until(lambda: subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode != 0, "the job ended")
+    [copy] = warm.launched()
+    assert not alive(copy)
+
+    # The caller killed outright: its copy is stopped (SIGTERM: the command's clean stop).
+    caller = started()
+    caller.kill()
+    caller.communicate(timeout=30)
+    copy = warm.launched()[-1]
+    until(lambda: not alive(copy), "the copy of a killed caller ended")
+    until(lambda: subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode != 0, "its job ended")
+
+
+def test_a_caller_in_another_context_runs_the_command_itself(warm: Warm, tmp_path: Path) -> None:
+    warm.start()
+    done = warm.run("echo here", cwd=tmp_path, env=warm.env, preexec_fn=lambda: os.nice(3))
+    assert (done.returncode, done.stdout) == (0, "here\n")
+    assert warm.launched() == []  # another priority: another key, no launcher of it
+    off = dict(warm.env)
+    off[KEEP_WARM_VARIABLE] = "0"
+    assert warm.run("echo here", cwd=tmp_path, env=off).stdout == "here\n"
+    assert warm.launched() == []  # no warm starts asked for
+    assert warm.run("echo here", cwd=tmp_path).stdout == "here\n"
+    assert len(warm.launched()) == 1
+
+
+def test_the_launcher_ends_with_its_hub(warm: Warm) -> None:
+    warm.start()
+    assert warm.process is not None and warm.process.poll() is None
+    warm.hub.unlink()  # the hub ended (idle, or hub stop)
+    assert warm.process.wait(30) == 0
+    assert not warm.socket.exists() and not warm.socket.with_suffix(".lock").exists()
+
+
+@pytest.mark.namespaces
+def test_a_launcher_of_another_user_is_never_told_anything(warm: Warm, tmp_path: Path, cluster4: object) -> None:
+    other = pwd.getpwnam(cluster4.other_user())  # type: ignore[attr-defined]
+    # A socket at the launcher's name that another user listens on (the peer credentials of a
+    # listening socket are those of the process that called listen()).
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(warm.socket))
+    told, tell = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.setgid(other.pw_gid)
+            os.setuid(other.pw_uid)
+            listener.listen(5)
+            os.write(tell, b"listening\n")
+            conn, _ = listener.accept()
+            conn.settimeout(10)
+            got = b""
+            while chunk := conn.recv(1 << 16):
+                got += chunk
+            os.write(tell, json.dumps({"got": len(got)}).encode() + b"\n")
+        finally:
+            os._exit(0)
+    listener.close()
+    os.close(tell)
+    with os.fdopen(told) as said:
+        try:
+            assert said.readline() == "listening\n"
+            done = warm.run("echo mine", cwd=tmp_path)
+            assert (done.returncode, done.stdout) == (0, "mine\n")  # ran here
+            assert json.loads(said.readline()) == {"got": 0}  # reached, its owner seen, told nothing
+        finally:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    assert warm.launched() == []
+
+
+@pytest.mark.namespaces
+def test_a_warm_command_leaves_a_launcher_the_next_starts_in_and_it_ends_with_the_hub(cluster4: object, tmp_path: Path) -> None:
+    host = cluster4.hosts[0]  # type: ignore[attr-defined]
+    runtime = Path(tempfile.mkdtemp(prefix="lch-", dir="/tmp"))
+    warm = Warm(runtime, fake_hub=False)
+    warm.env[KEEP_WARM_VARIABLE] = "60"
+    try:
+        for n in (1, 2):
+            done = warm.run("hostname", "--machine", str(host.machine_file), cwd=tmp_path)
+            assert (done.returncode, done.stdout, done.stderr) == (0, f"{host.name}\n", "")
+            if n == 1:  # through the hub; at its end it started a launcher (loading, not waited for)
+                assert warm.launched() == [] and warm.hub.exists()
+                until(warm.socket.exists, "the first command's launcher listens")
+        assert len(warm.launched()) == 1  # the second started in it
+        [pid] = [int(warm.socket.with_suffix(".lock").read_text())]
+        shown = warm.run("hub", cwd=tmp_path, script="ssh-scheduler").stdout
+        assert f"warm starts: launcher pid {pid} " in shown and "warm connections: 1" in shown
+        assert warm.run("hub", "stop", cwd=tmp_path, script="ssh-scheduler").returncode == 0
+        until(lambda: not alive(pid), "the launcher ended with its hub")
+        assert not warm.socket.exists()
+    finally:
+        subprocess.run([str(BIN / "ssh-scheduler"), "hub", "stop"], env=warm.env, capture_output=True, timeout=60)
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
+def test_the_thin_start_loads_none_of_the_commands() -> None:
+    loaded = subprocess.run(
+        [SCRIPT_PYTHON, "-c", "import sys, ssh_scheduler.cli.launch; print(' '.join(sorted(sys.modules)))"],
+        capture_output=True, text=True, check=True, cwd="/",
+    ).stdout.split()
+    heavy = [name for name in loaded if name.split(".")[0] in ("asyncio", "asyncssh", "typer", "yaml", "cryptography")]
+    ours = sorted(name for name in loaded if name.startswith("ssh_scheduler"))
+    assert heavy == []
+    assert ours == [
+        "ssh_scheduler", "ssh_scheduler.cli", "ssh_scheduler.cli.launch", "ssh_scheduler.cli.warm_place",
+        "ssh_scheduler.transport", "ssh_scheduler.transport.hub_place", "ssh_scheduler.transport.unix_socket",
+    ]
+
+
+def test_the_key_differs_with_what_a_command_would_not_share() -> None:
+    assert launcher_key() == launcher_key()
+    nice = subprocess.run(
+        [SCRIPT_PYTHON, "-c", "import os; os.nice(2); from ssh_scheduler.cli.warm_place import launcher_key; print(launcher_key())"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    same = subprocess.run(
+        [SCRIPT_PYTHON, "-c", "from ssh_scheduler.cli.warm_place import launcher_key; print(launcher_key())"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    assert nice != same
