@@ -169,12 +169,13 @@ def test_ctrl_c_reaches_the_command_and_a_dead_caller_stops_it(warm: Warm, tmp_p
 
     # Ctrl-C (SIGINT to the command we started): the job is killed and the command says so.
     caller = started()
+    [copy] = warm.launched()
+    assert Path(f"/proc/{copy}/comm").read_text() == "execute_remote\n"  # as its own process's name
     caller.send_signal(signal.SIGINT)
     out, err = caller.communicate(timeout=60)
     assert caller.returncode == 130, (out, err)
     assert "cancelled" in err or "interrupted" in err, err
     until(lambda: subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode != 0, "the job ended")
-    [copy] = warm.launched()
     assert not alive(copy)
 
     # The caller killed outright: its copy is stopped (SIGTERM: the command's clean stop).

@@ -50,11 +50,13 @@ def launcher_key() -> str:
     """The hub's key (this package's code, the python, the environment connections depend on),
     and what else of this process a command run elsewhere would not share: the interpreter's
     flags and module path, the file-name encoding, the user and groups, the CPUs it may use, its
-    priority, its cgroup (a Slurm job's, a systemd scope's) and namespaces.  A command from a
-    process that differs in any of them meets no launcher and runs where it was started."""
+    priority, its cgroup (a Slurm job's, a systemd scope's) and namespaces, its warning options
+    and hash seed.  A command from a process that differs in any of them meets no launcher and
+    runs where it was started."""
     parts = [
         hub_key(),
         repr(tuple(sys.flags)),
+        repr((sys.warnoptions, getattr(sys, "_xoptions", {}), os.environ.get("PYTHONHASHSEED"))),
         repr(sys.path[1:]),  # [0]: the script's own folder, which imports nothing of ours
         sys.getfilesystemencoding(),
         f"{os.getuid()}:{os.getgid()}:{sorted(os.getgroups())}",
