@@ -187,6 +187,29 @@ def test_ctrl_c_reaches_the_command_and_a_dead_caller_stops_it(warm: Warm, tmp_p
     until(lambda: subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode != 0, "its job ended")
 
 
+def test_a_signal_the_caller_ignores_the_command_ignores_too(warm: Warm, tmp_path: Path) -> None:
+    """``nohup execute_remote ...``: a closed terminal (SIGHUP) ends neither the caller nor its
+    command, as it ends neither when the command runs in its own process."""
+    warm.start()
+    tail = os.getpid() % 1000
+    marker = f"sleep 48.{tail}"
+    caller = subprocess.Popen(
+        [str(BIN / "execute_remote"), f"sleep $((40 + 8)).{tail}"], env=warm.env, cwd=tmp_path, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),
+    )
+    until(lambda: subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode == 0, "the job runs")
+    [copy] = warm.launched()
+    caller.send_signal(signal.SIGHUP)
+    time.sleep(1)
+    if caller.poll() is not None:
+        caller.communicate()
+    assert caller.returncode is None and alive(copy)
+    assert subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode == 0
+    caller.send_signal(signal.SIGINT)
+    out, err = caller.communicate(timeout=60)
+    assert caller.returncode == 130, (out, err)
+
+
 def test_a_caller_in_another_context_runs_the_command_itself(warm: Warm, tmp_path: Path) -> None:
     warm.start()
     done = warm.run("echo here", cwd=tmp_path, env=warm.env, preexec_fn=lambda: os.nice(3))

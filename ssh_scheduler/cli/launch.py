@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGWINCH)
 """Signals passed on to the copy that runs the command (Ctrl-Z stops both: :func:`_follow`)."""
+IGNORABLE = (*FORWARDED, signal.SIGPIPE, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
 
 
 def execute_batch_main() -> None:
@@ -114,6 +115,10 @@ def request_for(entry: str) -> dict[str, Any]:
         "umask": mask,
         "rlimits": {name: resource.getrlimit(getattr(resource, name)) for name in RLIMITS},
         "streams": streams,
+        # Signals this process ignores (nohup: SIGHUP; a script's background job: SIGINT and
+        # SIGQUIT) and blocks: its copy ignores and blocks the same.
+        "ignored": [int(sig) for sig in IGNORABLE if signal.getsignal(sig) == signal.SIG_IGN],
+        "blocked": sorted(int(sig) for sig in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
     }
 
 
@@ -188,7 +193,8 @@ def _follow(sock: socket.socket, pid: int) -> int:
             os.kill(pid, signal.SIGCONT)
 
     for forwarded in FORWARDED:
-        signal.signal(forwarded, forward)
+        if signal.getsignal(forwarded) != signal.SIG_IGN:  # one we ignore is not the copy's either
+            signal.signal(forwarded, forward)
     signal.signal(signal.SIGTSTP, stop)
     signal.signal(signal.SIGCONT, carry_on)
     sock.settimeout(None)

@@ -32,6 +32,9 @@ def become(request: dict[str, Any], fds: list[int]) -> None:
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    for sig in request.get("ignored", ()):  # as the command's process had them
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_SETMASK, request.get("blocked", ()))
     for stream in (sys.stdout, sys.stderr):  # the launcher's own, before its descriptors go
         with contextlib.suppress(Exception):
             stream.flush()

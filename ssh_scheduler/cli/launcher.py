@@ -146,7 +146,14 @@ def serve() -> str | None:
     while True:
         for selected, _ in launcher.selector.select(TICK):
             if selected.data is None:
-                launch = accept(launcher)
+                # No SIGTERM between the fork and the copy's record: the launcher would end
+                # without telling its caller how the command ended.  (A copy sets its own mask.)
+                signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
+                try:
+                    launch = accept(launcher)
+                finally:
+                    if os.getpid() == launcher.pid:
+                        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])
                 if launch is not None:
                     return launch
             else:
