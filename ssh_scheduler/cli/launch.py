@@ -111,6 +111,7 @@ def request_for(entry: str) -> dict[str, Any]:
     return {
         "entry": entry,
         "argv": sys.argv,
+        "path0": sys.path[0] if sys.path else "",  # the script's folder (the rest is in the key)
         "env": dict(os.environ),
         "umask": mask,
         "rlimits": {name: resource.getrlimit(getattr(resource, name)) for name in RLIMITS},

@@ -57,6 +57,8 @@ def become(request: dict[str, Any], fds: list[int]) -> None:
         setattr(sys, name, stream)
         setattr(sys, f"__{name}__", stream)
     sys.argv = list(request["argv"])
+    if sys.path and isinstance(request.get("path0"), str):
+        sys.path[0] = request["path0"]
     # Its name in top and ps -o comm, as its own process's would be (not python's).
     with contextlib.suppress(OSError, IndexError), open("/proc/self/comm", "w") as comm:
         comm.write(os.path.basename(sys.argv[0])[:15])
