@@ -15,12 +15,13 @@ the default umask leaves files group-writable).
 
 from __future__ import annotations
 
-import functools
 import grp
 import os
 import pwd
 import re
 from collections.abc import Mapping
+
+from ssh_scheduler.machines.ssh_fnmatch import fnmatch
 
 __all__ = ["glob_home", "include_glob", "secure_permissions"]
 
@@ -61,87 +62,6 @@ def _has_magic(component: str) -> bool:
     return re.search(r"[*?\[\\]", component) is not None
 
 
-@functools.lru_cache(maxsize=256)
-def _fnmatch_regex(pattern: str) -> re.Pattern[str]:
-    """``fnmatch(FNM_PERIOD)`` with backslash escapes, as a regular expression."""
-    out: list[str] = []
-    i = 0
-    while i < len(pattern):
-        ch = pattern[i]
-        if ch == "\\" and i + 1 < len(pattern):
-            out.append(re.escape(pattern[i + 1]))
-            i += 2
-            continue
-        if ch == "*":
-            out.append(".*")
-        elif ch == "?":
-            out.append(".")
-        elif ch == "[":
-            end, body = _bracket(pattern, i + 1)
-            if end == -1:  # an unterminated '[' is itself
-                out.append(re.escape(ch))
-            else:
-                out.append(body)
-                i = end
-        else:
-            out.append(re.escape(ch))
-        i += 1
-    # FNM_PERIOD: a leading dot is matched only by a dot written as such
-    leading = "" if pattern.startswith((".", "\\.")) else "(?!\\.)"
-    return re.compile("(?s)" + leading + "".join(out))
-
-
-def _bracket(pattern: str, start: int) -> tuple[int, str]:
-    """A ``[...]`` expression from ``start`` (after the ``[``): (index of its ``]``, regex)."""
-    i = start
-    negate = i < len(pattern) and pattern[i] in "!^"
-    i += negate
-    items: list[str] = []
-    first = True
-    while i < len(pattern):
-        ch = pattern[i]
-        if ch == "]" and not first:
-            return i, "[" + ("^" if negate else "") + "".join(items) + "]"
-        first = False
-        if ch == "[" and pattern.startswith((":", "=", "."), i + 1):
-            close = pattern.find(pattern[i + 1] + "]", i + 2)
-            if close == -1:
-                return -1, ""
-            if pattern[i + 1] == ":":
-                items.append(_CLASSES.get(pattern[i + 2 : close], ""))
-            else:
-                items.append(re.escape(pattern[i + 2 : close]))
-            i = close + 2
-            continue
-        if ch == "\\" and i + 1 < len(pattern):
-            i += 1
-            ch = pattern[i]
-        if pattern.startswith("-", i + 1) and i + 2 < len(pattern) and pattern[i + 2] != "]":
-            high = pattern[i + 2]
-            items.append(f"{re.escape(ch)}-{re.escape(high)}" if ch <= high else "")
-            i += 3
-            continue
-        items.append(re.escape(ch))
-        i += 1
-    return -1, ""
-
-
-_CLASSES = {
-    "alnum": "a-zA-Z0-9",
-    "alpha": "a-zA-Z",
-    "blank": " \\t",
-    "cntrl": "\\x00-\\x1f\\x7f",
-    "digit": "0-9",
-    "graph": "!-~",
-    "lower": "a-z",
-    "print": " -~",
-    "punct": "!-/:-@\\[-`{-~",
-    "space": " \\t\\n\\r\\f\\v",
-    "upper": "A-Z",
-    "xdigit": "0-9A-Fa-f",
-}
-
-
 def _entries(directory: str) -> list[str]:
     try:
         with os.scandir(directory or ".") as it:
@@ -174,10 +94,9 @@ def include_glob(pattern: str, home: str | None) -> list[str]:
                 if os.path.lexists(path) if last else os.path.isdir(path):
                     nxt.append(path)
                 continue
-            regex = _fnmatch_regex(part)
             for name in _entries(base):
                 path = prefix + name
-                if regex.fullmatch(name) and (last or os.path.isdir(path)):
+                if fnmatch(part, name) and (last or os.path.isdir(path)):
                     nxt.append(path)
         found = nxt
     return sorted(found, key=lambda p: p.encode("utf-8", "surrogateescape"))
