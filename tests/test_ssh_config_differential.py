@@ -442,7 +442,7 @@ def test_includes_use_home_from_the_environment(
     assert ours(ref, config, "gpu1").user == "from-account-home"
 
 
-def test_include_globs_as_glibc(ref: Reference, default_keys: list[str], tmp_path: Path) -> None:
+def test_include_globs_as_ssh(ref: Reference, default_keys: list[str], tmp_path: Path) -> None:
     """A backslash makes the next character literal; wildcards skip dot files; '.*' also
     matches '.' and '..' (directories, read as empty); brackets; names sorted by bytes."""
     dot_ssh = Path(ref.account.home) / ".ssh" / "glob"

@@ -1,6 +1,6 @@
 """Rules of the ssh config code that the mutation run of the ``sshconfig`` group
 (``scripts/mutation sshconfig``, docs/mutation.md) found no test stating: which files an
-``Include`` reads (glibc's glob, where the live ``ssh -G`` can tell, it is asked), which config
+``Include`` reads (ssh's own glob, where the live ``ssh -G`` can tell, it is asked), which config
 files are trusted, and the exact line a user gets for a refused value."""
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ssh_scheduler.errors import ConfigError, plain_text, show_value
+from ssh_scheduler.machines.ssh_glob import unended_set
 from ssh_scheduler.machines.ssh_include import glob_home, include_glob, secure_permissions
 from ssh_scheduler.machines.ssh_tokens import ascii_lower
 
@@ -250,6 +251,12 @@ def _include_patterns(args: Sequence[str], user_config: bool, where: str) -> lis
         if arg.startswith("~") and not user_config:
             raise ConfigError(
                 f"{where}: Include {show_value(arg)}: '~' is not allowed in the system config"
+            )
+        if unended_set(arg):
+            raise ConfigError(
+                f"{where}: Include {show_value(arg)}: a [:class:] takes the ']' that would end its "
+                "[...] set, so the set never ends (ssh itself crashes reading it); end the set "
+                "with one more ']'"
             )
         if not arg.startswith(("/", "~")):
             arg = ("~/.ssh/" if user_config else "/etc/ssh/") + arg

@@ -1,9 +1,9 @@
 """Which files an ssh config ``Include`` reads, and which config files ssh trusts.
 
-``Include`` hands its pattern to glibc's ``glob(GLOB_TILDE)``, so this is glob as glibc does it,
-not Python's: a leading ``~`` is ``$HOME`` (the password database only when ``$HOME`` is unset
-or empty, which differs under ``sudo`` without ``-H``), ``~user`` that user's home (left as
-written for an unknown user); ``*``, ``?`` and ``[...]`` match within one path component, never
+``Include`` hands its pattern to ``glob(GLOB_TILDE)``, OpenSSH's bundled OpenBSD one
+(machines/ssh_glob.py), not Python's: a leading ``~`` is ``$HOME`` (the password database only
+when ``$HOME`` is unset or empty, which differs under ``sudo`` without ``-H``), ``~user`` that
+user's home (left as written for an unknown user); ``*``, ``?`` and ``[...]`` match within one path component, never
 a leading dot; a backslash makes the next character literal (``x\\*.conf`` is the file named
 ``x*.conf``); the names come sorted by their bytes.
 
@@ -21,7 +21,7 @@ import pwd
 import re
 from collections.abc import Mapping
 
-from ssh_scheduler.machines.ssh_fnmatch import fnmatch
+from ssh_scheduler.machines.ssh_glob import UnendedSet, compile_component, matches
 
 __all__ = ["glob_home", "include_glob", "secure_permissions"]
 
@@ -56,16 +56,10 @@ def _expand_tilde(pattern: str, home: str | None) -> str:
         return pattern
 
 
-def _has_magic(component: str) -> bool:
-    """``__glob_pattern_type``: an unescaped ``*``/``?``/``[``, or any backslash (an escaped
-    name is matched through ``fnmatch`` too, which drops the backslashes)."""
-    return re.search(r"[*?\[\\]", component) is not None
-
-
 def _entries(directory: str) -> list[str]:
     try:
         with os.scandir(directory or ".") as it:
-            # readdir lists '.' and '..' too ('.*' matches them in glibc)
+            # readdir lists '.' and '..' too ('.*' matches them in ssh's glob)
             return [".", "..", *(entry.name for entry in it)]
     except OSError:
         return []
@@ -80,8 +74,15 @@ def include_glob(pattern: str, home: str | None) -> list[str]:
     found = [""]  # relative: from the working directory, as glob(3)
     if not parts[0]:
         found, parts = ["/"], parts[1:]
-    for index, part in enumerate(parts):
-        last = index == len(parts) - 1
+    try:
+        components = [compile_component(part) for part in parts]
+    except UnendedSet:  # a set with a '/' in it (the last component's is refused when read)
+        return []
+    if None in components:  # an unknown [:class:]: the pattern matches nothing
+        return []
+    for index, (part, component) in enumerate(zip(parts, components, strict=True)):
+        assert component is not None
+        last = index == len(parts) - 1 or component.last
         nxt: list[str] = []
         for base in found:
             prefix = base if base in ("", "/") else base + "/"
@@ -89,16 +90,18 @@ def include_glob(pattern: str, home: str | None) -> list[str]:
                 if os.path.isdir(base or "."):
                     nxt.append(base)
                 continue
-            if not _has_magic(part):
-                path = prefix + part
+            if component.literal is not None:  # no wildcard: that name, if it is there
+                path = prefix + component.literal
                 if os.path.lexists(path) if last else os.path.isdir(path):
                     nxt.append(path)
                 continue
             for name in _entries(base):
                 path = prefix + name
-                if fnmatch(part, name) and (last or os.path.isdir(path)):
+                if matches(component, name) and (last or os.path.isdir(path)):
                     nxt.append(path)
         found = nxt
+        if component.last:  # the pattern ends here (ssh_glob.Component.last)
+            break
     return sorted(found, key=lambda p: p.encode("utf-8", "surrogateescape"))
 
 
