@@ -18,7 +18,6 @@ three to the real ``ssh -G``.
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -275,12 +274,10 @@ def _read_config_bytes(path: str, check_permissions: bool) -> str | None:
                     "yours and not writable by others, nor by a group that holds anybody else: "
                     "chmod go-w)"
                 )
-            if stat.S_ISDIR(info.st_mode):
-                return ""  # ssh opens a directory and reads no line from it
             data = handle.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
         return None
-    except IsADirectoryError:
+    except IsADirectoryError:  # (python's open refuses it) ssh opens it and reads no line
         return ""
     except OSError as err:
         raise ConfigError(
