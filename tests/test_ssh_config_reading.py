@@ -3,6 +3,7 @@ and the size limit to the byte (``machines/ssh_config._read_config_bytes``)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from ssh_scheduler.errors import ConfigError
 from ssh_scheduler.machines.ssh_config import MAX_CONFIG_BYTES, read_config_file
 from ssh_scheduler.machines.ssh_resolve import resolve_host
 from ssh_scheduler.machines.ssh_tokens import LocalAccount
+from tests.ssh_reference import make_reference
 
 ACCOUNT = LocalAccount("localuser", "/nonexistent/localuser", os.getuid(), "testhost")
 
@@ -63,3 +65,52 @@ def test_an_include_that_matches_a_directory_reads_nothing_from_it(tmp_path: Pat
     config = tmp_path / "config"
     config.write_text(f"Include {tmp_path}/d/*.conf\n")
     assert user_of(config) == "from-z"
+
+
+def chain(folder: Path, deep: int) -> Path:
+    """A config that includes a file that includes one... ``deep`` Includes down, the last
+    file setting the user."""
+    files = [folder / f"c{n}" for n in range(deep + 1)]
+    for here, below in itertools.pairwise(files):
+        here.write_text(f"Include {below}\n")
+    files[-1].write_text("Host gpu1\n  User deepest\n")
+    return files[0]
+
+
+def test_includes_nest_sixteen_deep_as_in_ssh(tmp_path: Path) -> None:
+    ref = make_reference(tmp_path / "ref")
+    (tmp_path / "ok").mkdir()
+    top = chain(tmp_path / "ok", 16)
+    status, values, stderr = ref.run("gpu1", top)
+    assert (status, values.get("user")) == (0, ["deepest"]), stderr
+    assert user_of(top) == "deepest"
+    (tmp_path / "deep").mkdir()
+    top = chain(tmp_path / "deep", 17)
+    assert ref.run("gpu1", top)[0] != 0  # ssh: "Too many recursive configuration includes"
+    with pytest.raises(ConfigError) as refused:
+        user_of(top)
+    assert str(refused.value) == (
+        f"{tmp_path / 'deep' / 'c17'}: Include nested more than 16 deep (an Include loop? remove it)"
+    )
+
+
+def test_a_refusal_in_an_included_file_names_that_file_and_line(tmp_path: Path) -> None:
+    included = tmp_path / "inc.conf"
+    included.write_text("# first\nHost gpu1\n  Port x\n")
+    config = tmp_path / "config"
+    config.write_text(f"Include {included}\n")
+    with pytest.raises(ConfigError, match=rf"^{included} line 3: "):
+        user_of(config)
+
+
+def test_a_file_the_system_config_includes_is_read_as_the_system_config(tmp_path: Path) -> None:
+    """No '~' in the system config's Includes, in the files it includes either."""
+    included = tmp_path / "inc.conf"
+    included.write_text("Include ~/more.conf\n")
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Include {included}\n")
+    with pytest.raises(ConfigError) as refused:
+        read_config_file(config, environ={"HOME": str(tmp_path)}, user_config=False)
+    assert str(refused.value) == f"{included} line 1: Include '~/more.conf': '~' is not allowed in the system config"
+    parsed = read_config_file(config, environ={"HOME": str(tmp_path)})  # as a user's: '~' is $HOME
+    assert parsed is not None
