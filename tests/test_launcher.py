@@ -137,6 +137,22 @@ def test_a_command_handed_over_is_the_command_run_in_its_own_process(warm: Warm,
         assert (tmp_path / "job_results" / f"{name}.err").read_text() == "err\n"
 
 
+def test_a_command_waits_for_a_launcher_that_is_loading(warm: Warm, tmp_path: Path) -> None:
+    """The command right after the one that started a launcher finds it loading (lock taken, no
+    socket yet) and waits for it rather than load everything itself."""
+    with open(warm.log, "ab") as log:
+        warm.process = subprocess.Popen(
+            [SCRIPT_PYTHON, "-m", "ssh_scheduler.cli.launcher"], env=warm.env, stdout=log, stderr=log,
+            stdin=subprocess.DEVNULL, cwd="/", start_new_session=True,
+        )
+    lock = warm.socket.with_suffix(".lock")
+    until(lambda: lock.exists() and lock.read_text().strip() == str(warm.process.pid), "the launcher holds its lock")
+    assert not warm.socket.exists()  # still loading
+    done = warm.run("echo waited", cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (0, "waited\n")
+    assert len(warm.launched()) == 1
+
+
 def test_refusals_and_help_are_the_same_through_the_launcher(warm: Warm, tmp_path: Path) -> None:
     cases = [
         ("execute_remote", ["--keep-warm", "abc", "true"]),

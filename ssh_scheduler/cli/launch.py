@@ -18,6 +18,7 @@ before it takes it -- and the command runs here, as it always did: slower, never
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -25,6 +26,7 @@ import resource
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +44,14 @@ from ssh_scheduler.transport.hub_place import (
     KEEP_WARM_VARIABLE,
     HubUnusable,
     private_folder,
-    socket_path,
 )
 from ssh_scheduler.transport.unix_socket import peer_uid, reachable
 
 log = logging.getLogger(__name__)
 
+LOAD_WAIT = 0.6
+"""Seconds a command waits for a launcher that is loading (it loads in about 0.4 s on a busy
+2-core machine) before it runs itself."""
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGWINCH)
 """Signals passed on to the copy that runs the command (Ctrl-Z stops both: :func:`_follow`)."""
 IGNORABLE = (*FORWARDED, signal.SIGPIPE, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
@@ -80,15 +84,13 @@ def start(entry: str) -> None:
         raise SystemExit(code)
     from ssh_scheduler.cli import main as commands
 
-    try:
-        entry_function(commands, entry)()
-    finally:
-        # A command that borrowed a warm connection leaves a launcher beside the hub, so that
-        # the next starts with everything loaded.  hub_client is looked up, not imported: a
-        # command that never loaded it borrowed nothing.
-        hub = sys.modules.get("ssh_scheduler.transport.hub_client")
-        if hub is not None and hub.borrowed() and wanted():
-            start_beside_hub()
+    if wanted():
+        # A command that goes to the hub starts a launcher beside it at once: it loads while
+        # the command goes on, so that the next command finds it ready.
+        from ssh_scheduler.transport.hub_client import when_hub_used
+
+        when_hub_used(start_beside_hub)
+    entry_function(commands, entry)()
 
 
 # --- handing the command over ------------------------------------------------------------------
@@ -131,6 +133,8 @@ def through_launcher(entry: str) -> int | None:
         path = launcher_path(private_folder(create=False))
     except (HubUnusable, OSError):
         return None
+    if not path.exists() and not _loading(path):
+        return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
         pid = _hand_over(sock, path, entry)
@@ -139,6 +143,31 @@ def through_launcher(entry: str) -> int | None:
         return _follow(sock, pid)
     finally:
         sock.close()
+
+
+def _loading(path: Path) -> bool:
+    """A launcher of this key holds its lock but does not listen yet (it is loading: a command
+    that went to the hub a moment ago started it): wait for it, up to :data:`LOAD_WAIT`.  True
+    once it listens."""
+    try:
+        fd = os.open(path.with_suffix(".lock"), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        deadline = time.monotonic() + LOAD_WAIT
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:  # held: it runs
+                if path.exists():
+                    return True
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.01)
+                continue
+            return False  # nobody holds it: no launcher is coming
+    finally:
+        os.close(fd)
 
 
 def _hand_over(sock: socket.socket, path: Path, entry: str) -> int | None:
@@ -223,12 +252,12 @@ def _follow(sock: socket.socket, pid: int) -> int:
 
 
 def start_beside_hub() -> None:
-    """After a command that borrowed a warm connection: start a launcher when none runs for
-    this key (it loads in the background; this command does not wait for it)."""
+    """For a command that goes to the hub: start a launcher when none runs for this key (it
+    loads in the background; this command does not wait for it)."""
     try:
-        folder = private_folder(create=False)
+        folder = private_folder(create=True)
         path = launcher_path(folder)
-        if path.exists() or not socket_path(folder).exists():
+        if path.exists():
             return
         import subprocess  # (only here: the thin start stays small)
 

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,7 @@ REACH_TIMEOUT = 5.0
 SUPPORTED = sys.platform == "linux"
 """Peer credentials (SO_PEERCRED) and /proc/self/fd: elsewhere every command connects directly."""
 _borrowed: set[Path] = set()
+_on_hub_use: list[Callable[[], None]] = []
 _starting: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Future[None]] = weakref.WeakKeyDictionary()
 
 
@@ -110,6 +112,12 @@ async def open_via_hub(machine: Machine, *, accept_new: bool = False, keepalive:
     keep = keep_warm_of(machine)
     if keep <= 0 or machine.is_local or not SUPPORTED:
         return None
+    while _on_hub_use:  # once per process, before the hub is reached (or started)
+        callback = _on_hub_use.pop(0)
+        try:
+            callback()
+        except Exception as exc:  # a hook's failure is the hook's: the connection goes on
+            log.debug("a hook on using the hub failed: %s", exc)
     try:
         path = socket_path(private_folder(create=True))
         sock = await _reach(path)
@@ -158,8 +166,15 @@ async def open_via_hub(machine: Machine, *, accept_new: bool = False, keepalive:
 
 
 def borrowed() -> bool:
-    """Whether this process borrowed a connection from a hub (its commands start warm next)."""
+    """Whether this process borrowed a connection from a hub."""
     return bool(_borrowed)
+
+
+def when_hub_used(callback: Callable[[], None]) -> None:
+    """Call ``callback`` once, when this process first goes to the hub for a connection, before
+    reaching or starting it (the command line starts its launcher then, so that it loads while
+    the command goes on: cli/launch.py)."""
+    _on_hub_use.append(callback)
 
 
 async def _reach(path: Path) -> socket.socket:
