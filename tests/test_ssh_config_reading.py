@@ -114,3 +114,19 @@ def test_a_file_the_system_config_includes_is_read_as_the_system_config(tmp_path
     assert str(refused.value) == f"{included} line 1: Include '~/more.conf': '~' is not allowed in the system config"
     parsed = read_config_file(config, environ={"HOME": str(tmp_path)})  # as a user's: '~' is $HOME
     assert parsed is not None
+
+
+def test_a_file_an_include_reads_is_checked_as_ssh_checks_it(tmp_path: Path) -> None:
+    """Even under a config named on the command line (-F, itself not checked), an included
+    file others may write is refused, as the live ssh refuses it."""
+    included = tmp_path / "inc.conf"
+    included.write_text("Host gpu1\n  User inc\n")
+    included.chmod(0o666)
+    config = tmp_path / "config"
+    config.write_text(f"Include {included}\n")
+    ref = make_reference(tmp_path / "ref")
+    status, _, stderr = ref.run("gpu1", config)
+    assert status != 0 and f"Bad owner or permissions on {included}" in stderr
+    with pytest.raises(ConfigError) as refused:
+        user_of(config)
+    assert str(refused.value).startswith(f"{included}: bad owner or permissions")

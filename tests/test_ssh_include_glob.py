@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from ssh_scheduler.errors import ConfigError
+from ssh_scheduler.errors import ConfigError, show_value
 from ssh_scheduler.machines.ssh_config import read_config_file
 from ssh_scheduler.machines.ssh_resolve import resolve_host
 from tests.ssh_reference import Reference, make_reference
@@ -109,6 +109,18 @@ def test_bracket_expressions_match_what_ssh_matches(ref: Reference, folder: Path
                 differ.append(f"{pattern[len(str(folder)) + 1:]!r}: ssh {len(theirs)} files, ours {len(ours)}")
     assert differ == []
     assert crashed < 40  # (the seeds' 42 in all: most patterns are read)
+
+
+def test_a_set_ssh_crashes_on_is_refused_in_one_line(folder: Path, tmp_path: Path) -> None:
+    config = tmp_path / "config"
+    pattern = f"{folder}/x[!][:punct:]\\].c"
+    config.write_text(f"Include {pattern}\n")
+    with pytest.raises(ConfigError) as refused:
+        read_config_file(config, environ={"HOME": str(tmp_path)})
+    assert str(refused.value) == (
+        f"{config} line 1: Include {show_value(pattern)}: a [:class:] takes the ']' that would end its [...] "
+        "set, so the set never ends (ssh itself crashes reading it); end the set with one more ']'"
+    )
 
 
 def test_the_forms_where_ssh_is_not_glibc(ref: Reference, folder: Path, tmp_path: Path) -> None:
