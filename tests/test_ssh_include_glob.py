@@ -123,6 +123,21 @@ def test_a_set_ssh_crashes_on_is_refused_in_one_line(folder: Path, tmp_path: Pat
     )
 
 
+def test_a_set_runs_on_across_a_slash_as_in_ssh(ref: Reference, folder: Path, tmp_path: Path) -> None:
+    """ssh parses the whole pattern before it cuts it at '/': a set whose ']' a class took ends
+    at a ']' in a later component (ssh reads on), or nowhere (ssh crashes: refused here too)."""
+    config = tmp_path / "config"
+    for pattern, crashes in ((f"{folder}/q[!][:punct:]\\]x/*.c", True), (f"{folder}/q[!][:punct:]\\]x/*].c", False)):
+        config.write_text(f"Include {pattern}\n")
+        theirs = read_by_ssh(ref, config)
+        assert (theirs is None) == crashes, pattern
+        if crashes:
+            with pytest.raises(ConfigError, match="ssh itself crashes reading it"):
+                read_by_us(ref, config)
+        else:
+            assert read_by_us(ref, config) == theirs == [], pattern
+
+
 def test_the_forms_where_ssh_is_not_glibc(ref: Reference, folder: Path, tmp_path: Path) -> None:
     """Said plainly: only ``!`` negates, no ``[=x=]``, an unknown class matches nothing, a
     ``?`` is one byte, ``[:alnum:]`` ends the pattern after its set."""

@@ -47,11 +47,13 @@ class UnendedSet(ValueError):
 
 
 def unended_set(pattern: str) -> bool:
-    """Whether the last component of ``pattern`` holds a set ssh reads past the end of.  (A set
-    that holds a '/' is not modelled: OpenBSD's glob reads the set across it, then cuts the
-    pattern there; here such a set matches nothing.)"""
+    """Whether ``pattern`` holds a set ssh reads past its end.  OpenBSD's glob parses the whole
+    pattern before it splits it at '/', so a set goes on across a '/' (to a ']' in a later
+    component, or past the end: the crash), and the whole pattern is read here as one.  (What
+    such a set then matches is not modelled: a component whose set has no ']' in it matches
+    nothing here.)"""
     try:
-        compile_component(pattern.rsplit("/", 1)[-1])
+        compile_component(pattern)
     except UnendedSet:
         return True
     return False
