@@ -18,7 +18,6 @@ before it takes it -- and the command runs here, as it always did: slower, never
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -26,14 +25,14 @@ import resource
 import signal
 import socket
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from ssh_scheduler.cli.warm_place import (
+    GO,
     HEADER,
     MAX_REQUEST,
-    REACH_TIMEOUT,
+    READY_WAIT,
     RLIMITS,
     STREAMS,
     entry_function,
@@ -49,9 +48,6 @@ from ssh_scheduler.transport.unix_socket import peer_uid, reachable
 
 log = logging.getLogger(__name__)
 
-LOAD_WAIT = 0.6
-"""Seconds a command waits for a launcher that is loading (it loads in about 0.4 s on a busy
-2-core machine) before it runs itself."""
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGWINCH)
 """Signals passed on to the copy that runs the command (Ctrl-Z stops both: :func:`_follow`)."""
 IGNORABLE = (*FORWARDED, signal.SIGPIPE, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
@@ -133,81 +129,78 @@ def through_launcher(entry: str) -> int | None:
         path = launcher_path(private_folder(create=False))
     except (HubUnusable, OSError):
         return None
-    if not path.exists() and not _loading(path):
-        return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
-        pid = _hand_over(sock, path, entry)
-        if pid is None:
+        lines = _Lines(sock)
+        if not _hand_over(sock, lines, path, entry):
             return None
-        return _follow(sock, pid)
+        # Committed: the launcher runs the command now, whatever happens, so it never runs here.
+        return _follow(sock, lines)
     finally:
         sock.close()
 
 
-def _loading(path: Path) -> bool:
-    """A launcher of this key holds its lock but does not listen yet (it is loading: a command
-    that went to the hub a moment ago started it): wait for it, up to :data:`LOAD_WAIT`.  True
-    once it listens."""
-    try:
-        fd = os.open(path.with_suffix(".lock"), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except OSError:
-        return False
-    try:
-        deadline = time.monotonic() + LOAD_WAIT
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:  # held: it runs
-                if path.exists():
-                    return True
-                if time.monotonic() >= deadline:
-                    return False
-                time.sleep(0.01)
-                continue
-            return False  # nobody holds it: no launcher is coming
-    finally:
-        os.close(fd)
-
-
-def _hand_over(sock: socket.socket, path: Path, entry: str) -> int | None:
-    """Send the command; the pid of the copy that runs it, or None (it runs here)."""
+def _hand_over(sock: socket.socket, lines: _Lines, path: Path, entry: str) -> bool:
+    """Send the command and, once the launcher is ready for it, give it over (``GO``, with our
+    standard streams and folder).  False when that did not happen (the command runs here)."""
     cwd = -1
     try:
-        sock.settimeout(REACH_TIMEOUT)
+        sock.settimeout(READY_WAIT)
         with reachable(path) as where:
             sock.connect(where)
         if peer_uid(sock) != os.getuid():  # another user's socket in our folder: never theirs to run
-            return None
+            return False
         cwd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         data = json.dumps(request_for(entry), separators=(",", ":")).encode("utf-8", "surrogatepass")
         if len(data) > MAX_REQUEST:
-            return None
-        message = HEADER.pack(len(data)) + data
-        sent = socket.send_fds(sock, [message], [0, 1, 2, cwd])
-        sock.sendall(message[sent:])
-        reply = _line(sock)
+            return False
+        sock.sendall(HEADER.pack(len(data)) + data)
+        reply = lines.next()
+        if not (isinstance(reply, dict) and reply.get("ready") is True):
+            return False
+        # Our stdin, stdout, stderr and folder go with the GO, not before: a caller that gives
+        # up leaves nothing of its own waiting in the launcher's socket.
+        socket.send_fds(sock, [GO], [0, 1, 2, cwd])
     except (OSError, ValueError):
-        return None
+        return False
     finally:
         if cwd >= 0:
             os.close(cwd)
-    pid = reply.get("pid") if isinstance(reply, dict) else None
-    return pid if isinstance(pid, int) and pid > 0 else None
+    return True
 
 
-def _line(sock: socket.socket) -> Any:
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = sock.recv(4096)
-        if not chunk:
-            raise ValueError("the launcher closed the connection")
-        data += chunk
-    return json.loads(data)
+class _Lines:
+    """The launcher's JSON lines on ``sock``, one at a time (two may come in one read)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.pending = b""
+
+    def next(self) -> Any:
+        while b"\n" not in self.pending:
+            chunk = self.sock.recv(4096)
+            if not chunk:
+                raise ValueError("the launcher closed the connection")
+            self.pending += chunk
+        line, self.pending = self.pending.split(b"\n", 1)
+        return json.loads(line)
 
 
-def _follow(sock: socket.socket, pid: int) -> int:
-    """The command runs in ``pid`` now: pass our signals on, wait for its end, end as it did."""
+def _follow(sock: socket.socket, lines: _Lines) -> int:
+    """The command is the launcher's: learn the copy's pid, pass our signals on to it, wait for
+    its end, end as it did."""
+    sock.settimeout(None)
+    try:
+        started = lines.next()
+    except (OSError, ValueError):
+        started = None
+    pid = started.get("pid") if isinstance(started, dict) else None
+    if not isinstance(pid, int) or pid <= 0:
+        sys.stderr.write(
+            "error: the warm launcher took this command and failed before it started it (see its log"
+            f" in the hub's folder; run it again, with {KEEP_WARM_VARIABLE}=0 to run it without the launcher)\n"
+        )
+        return 1
 
     def forward(signum: int, _frame: object) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -227,9 +220,8 @@ def _follow(sock: socket.socket, pid: int) -> int:
             signal.signal(forwarded, forward)
     signal.signal(signal.SIGTSTP, stop)
     signal.signal(signal.SIGCONT, carry_on)
-    sock.settimeout(None)
     try:
-        end = _line(sock)
+        end = lines.next()
     except (OSError, ValueError):
         end = None
     if not isinstance(end, dict) or not isinstance(end.get("code", end.get("signal")), int):

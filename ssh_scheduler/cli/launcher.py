@@ -45,6 +45,7 @@ from typing import Any
 from ssh_scheduler.cli.launched import become, run_command
 from ssh_scheduler.cli.warm_place import (
     ENTRIES,
+    GO,
     HEADER,
     MAX_REQUEST,
     RLIMITS,
@@ -120,19 +121,22 @@ def serve() -> str | None:
         return None
     os.ftruncate(lock, 0)
     os.write(lock, f"{os.getpid()}\n".encode())
-    preload()
-    if threading.active_count() != 1:  # a fork copies only the forking thread: never fork then
-        log.warning("no launcher: loading the commands started a thread")
-        os.close(lock)
-        return None
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)  # a dead launcher's (we hold the lock: no live one serves it)
+    # Listening before loading: a command that comes meanwhile waits in the backlog (its
+    # caller waits for "ready" a bounded time) rather than polling for the socket.
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     with reachable(path) as where:
         listener.bind(where)
     os.chmod(path, 0o600)
     listener.listen(64)
     launcher = Launcher(path, socket_path(folder), idle_seconds(), listener, lock, os.stat(path).st_ino)
+    log.info("launcher %s loading (pid %d)", path.name, os.getpid())
+    preload()
+    if threading.active_count() != 1:  # a fork copies only the forking thread: never fork then
+        log.warning("no launcher: loading the commands started a thread")
+        close(launcher)  # (the callers waiting in the backlog run their commands themselves)
+        return None
     launcher.selector.register(listener, selectors.EVENT_READ, None)
 
     def on_term(_signum: int, _frame: object) -> None:  # hub stop: end now, or after the copies
@@ -142,7 +146,7 @@ def serve() -> str | None:
             raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, on_term)
-    log.info("launcher %s listening (pid %d)", path.name, os.getpid())
+    log.info("launcher ready")
     while True:
         for selected, _ in launcher.selector.select(TICK):
             if selected.data is None:
@@ -227,12 +231,16 @@ def accept(launcher: Launcher) -> str | None:
             log.warning("refused a command from uid %d", peer_uid(conn))
             conn.close()
             return None
-        request, fds = receive(conn)
-        problem = refusal(request, fds)
+        request = receive(conn)
+        problem = refusal(request)
         if problem:
             reply(conn, {"refused": problem})
             conn.close()
             return None
+        # Taken only once the caller says so: a caller that gave up waiting runs its command
+        # itself, and must never find it run here as well.
+        reply(conn, {"ready": True})
+        fds = given_over(conn)
         pid = os.fork()
     except (OSError, ValueError) as exc:
         log.info("a command not taken: %s", exc)
@@ -261,48 +269,50 @@ def accept(launcher: Launcher) -> str | None:
     return None
 
 
-def receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
+def receive(conn: socket.socket) -> Any:
+    """A caller's request: its length, then its JSON (nothing follows before we answer it)."""
     conn.settimeout(READ_TIMEOUT)
-    data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 8, socket.MSG_CMSG_CLOEXEC)
-    if len(data) < HEADER.size:
-        for fd in fds:
-            os.close(fd)
-        raise ValueError("a request without its length")
+    data = b""
+    while len(data) < HEADER.size:
+        data += _chunk(conn)
     (size,) = HEADER.unpack_from(data)
     if size > MAX_REQUEST:
-        for fd in fds:
-            os.close(fd)
         raise ValueError(f"a request of {size} bytes")
-    data = data[HEADER.size :]
-    while len(data) < size:
-        chunk = conn.recv(min(1 << 16, size - len(data)))
-        if not chunk:
-            break
-        data += chunk
-    try:
-        request = json.loads(data)
-    except ValueError:
-        for fd in fds:
-            os.close(fd)
-        raise
-    return request, list(fds)
+    while len(data) < HEADER.size + size:
+        data += _chunk(conn)
+    return json.loads(data[HEADER.size :])
 
 
-def refusal(request: Any, fds: list[int]) -> str:
+def _chunk(conn: socket.socket) -> bytes:
+    chunk = conn.recv(1 << 16)
+    if not chunk:
+        raise ValueError("a request cut short")
+    return chunk
+
+
+def refusal(request: Any) -> str:
     """Why this request cannot run here as it would in its own process ("" when it can)."""
     if not isinstance(request, dict) or request.get("entry") not in ENTRIES:
         return "not a command"
-    if len(fds) != 4 or not stat.S_ISDIR(os.fstat(fds[3]).st_mode):
-        return "not its standard streams and working folder"
     if not isinstance(request.get("argv"), list) or not isinstance(request.get("env"), dict):
         return "no arguments or environment"
     for name in RLIMITS:
-        soft, hard = request["rlimits"].get(name, resource.getrlimit(getattr(resource, name)))
+        _, hard = request["rlimits"].get(name, resource.getrlimit(getattr(resource, name)))
         _, our_hard = resource.getrlimit(getattr(resource, name))
         if our_hard != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or hard > our_hard):
             return f"{name} above the launcher's"  # a limit a copy could not raise to
-        del soft
     return ""
+
+
+def given_over(conn: socket.socket) -> list[int]:
+    """The caller's ``GO`` and, with it, its stdin, stdout, stderr and working folder (only now:
+    a caller that gave up before never left its descriptors waiting in our socket)."""
+    data, fds, _flags, _addr = socket.recv_fds(conn, 1, 8, socket.MSG_CMSG_CLOEXEC)
+    if data != GO or len(fds) != 4 or not stat.S_ISDIR(os.fstat(fds[3]).st_mode):
+        for fd in fds:
+            os.close(fd)
+        raise ValueError("the caller gave up before it was taken" if not data else "not its streams and folder")
+    return list(fds)
 
 
 def reply(conn: socket.socket, value: dict[str, Any]) -> None:

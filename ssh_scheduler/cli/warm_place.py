@@ -31,8 +31,13 @@ HEADER = struct.Struct("!I")
 """A request's length, before its JSON."""
 MAX_REQUEST = 4 << 20
 """Bytes of one request: arguments and environment (Linux allows 2 MiB of each)."""
-REACH_TIMEOUT = 2.0
-"""Seconds for a launcher to take a command (it answers in a millisecond when it is well)."""
+READY_WAIT = 1.0
+"""Seconds a caller waits for a launcher to say "ready" (a millisecond when it is well; about
+0.4 s when it is still loading, started by the command just before) before it gives up and runs
+its command itself."""
+GO = b"G"
+"""What a caller sends once told "ready": from then on the command is the launcher's to run, and a
+caller that gave up before never sends it (so no command runs twice)."""
 STREAMS = ("stdin", "stdout", "stderr")
 RLIMITS = tuple(sorted(name for name in dir(resource) if name.startswith("RLIMIT_")))
 """The process's resource limits a command runs under (``ulimit``): passed on, each one."""
