@@ -55,6 +55,7 @@ from ssh_scheduler.cli.warm_place import (
 from ssh_scheduler.transport.hub_place import (
     KEEP_WARM_VARIABLE,
     HubUnusable,
+    keep_warm_seconds,
     private_folder,
     socket_path,
 )
@@ -168,12 +169,7 @@ def serve() -> str | None:
 
 
 def idle_seconds() -> float:
-    text = os.environ.get(KEEP_WARM_VARIABLE, "").strip()
-    with contextlib.suppress(ValueError):
-        value = float(text)
-        if 0 < value < float("inf"):
-            return value
-    return DEFAULT_IDLE
+    return keep_warm_seconds(os.environ.get(KEEP_WARM_VARIABLE, "")) or DEFAULT_IDLE
 
 
 def preload() -> None:

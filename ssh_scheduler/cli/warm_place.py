@@ -21,6 +21,7 @@ from ssh_scheduler.transport.hub_place import (
     KEEP_WARM_VARIABLE,
     HubUnusable,
     hub_key,
+    keep_warm_seconds,
     private_folder,
 )
 
@@ -96,11 +97,7 @@ def wanted() -> bool:
     """Warm starts are for people at a terminal or a script of theirs, with the hub allowed."""
     if sys.platform != "linux" or not hasattr(os, "pidfd_open"):
         return False
-    text = os.environ.get(KEEP_WARM_VARIABLE, "").strip()
-    with contextlib.suppress(ValueError):
-        if float(text) <= 0:
-            return False
-    return True
+    return keep_warm_seconds(os.environ.get(KEEP_WARM_VARIABLE, "")) != 0
 
 
 def running_launchers() -> list[int]:

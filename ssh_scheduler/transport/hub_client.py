@@ -48,6 +48,7 @@ from ssh_scheduler.transport.hub_place import (
     HubAbsent,
     HubUnusable,
     folder_path,
+    keep_warm_seconds,
     lock_path,
     private_folder,
     socket_path,
@@ -90,14 +91,11 @@ def keep_warm_of(machine: Machine) -> float:
 @functools.cache
 def _default(text: str) -> float:
     """The variable's value (said once when it is no number of seconds)."""
+    value = keep_warm_seconds(text)
+    if value is not None:
+        return value
     if not text:
         return DEFAULT_KEEP_WARM
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if 0 <= value < float("inf"):
-        return value
     log.warning("%s=%s is not a number of seconds (0 or more); using %g", KEEP_WARM_VARIABLE, text, DEFAULT_KEEP_WARM)
     return DEFAULT_KEEP_WARM
 

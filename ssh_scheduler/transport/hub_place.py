@@ -27,6 +27,16 @@ name, the ProxyCommand's shell and PATH): part of the hub's key, so the hub that
 command has the same values."""
 
 
+def keep_warm_seconds(text: str) -> float | None:
+    """A ``$SSH_SCHEDULER_KEEP_WARM`` value as seconds (0: no hub); None when it is empty or no
+    number of seconds (its readers then take the default, and the hub's client says so)."""
+    try:
+        value = float(text.strip())
+    except ValueError:
+        return None
+    return value if 0 <= value < float("inf") else None
+
+
 class HubUnusable(Exception):
     """The hub cannot be used (none runs, it refused, it is not ours): connect directly."""
 
