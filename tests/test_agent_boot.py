@@ -114,11 +114,10 @@ def test_what_travels_to_the_hosts_is_python_3_8(path: Path) -> None:
     ast.parse(path.read_text(), str(path), feature_version=(3, 8))
 
 
-@pytest.mark.parametrize("name", ["boot.py", "watchdog.py"])
-def test_what_runs_on_any_python3_says_nothing_an_old_one_cannot_parse(name: str) -> None:
-    """The first stage and execute_to's watchdog run before anyone knows the python3's version:
-    no f-strings, no ``from __future__``, no annotation evaluated but plain names."""
-    tree = ast.parse((AGENT_FOLDER / name).read_text())
+def test_what_runs_on_any_python3_says_nothing_an_old_one_cannot_parse() -> None:
+    """The first stage runs before anyone knows the python3's version: no f-strings, no
+    ``from __future__``, no annotation evaluated but plain names."""
+    tree = ast.parse((AGENT_FOLDER / "boot.py").read_text())
     assert not [n for n in ast.walk(tree) if isinstance(n, ast.JoinedStr | ast.NamedExpr)]
     assert not [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "__future__"]
     annotations = [a.annotation for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) for a in f.args.args]

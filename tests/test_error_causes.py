@@ -14,6 +14,7 @@ from pathlib import Path
 import asyncssh
 import pytest
 
+from ssh_scheduler import agent
 from ssh_scheduler.coordinator.fleet import killable
 from ssh_scheduler.machines.machine import DEFAULT_MAX_SESSIONS, DEFAULT_PORT, DEFAULT_WORKDIR
 from ssh_scheduler.machines.machine_yaml import MACHINE_KEYS
@@ -213,9 +214,16 @@ def test_a_host_allowing_one_session_is_refused_with_the_fix(make_cluster: Calla
 def test_execute_to_runs_bash_whatever_shell_parses_its_one_line() -> None:
     line = killable(BASH_ONLY)
     assert "\n" not in line and line.startswith("exec /bin/sh -c ")  # tcsh and fish parse it too
-    for path in (os.environ["PATH"], "/nonexistent"):  # with python3 (the watchdog), and without
+    for path in (os.environ["PATH"], "/nonexistent"):  # with the usual programs, and with none
         with start_killable(BASH_ONLY, PATH=path, SHELL="/bin/dash") as proc:
             assert finish(proc) == (0, b"bash ok\n", b""), path
+    # Every line of the watchdog ends a command, so the one line means what the file says:
+    # each shell that may be /bin/sh reads the same commands from both.
+    text = (Path(agent.__file__).parent / "watchdog.sh").read_text()
+    commands = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    assert commands and all(c.endswith((";", "&")) for c in commands)
+    for shell in ("/bin/dash", "/bin/bash"):
+        assert subprocess.run([shell, "-n", "-c", " ".join(commands)]).returncode == 0, shell
 
 
 @pytest.mark.namespaces

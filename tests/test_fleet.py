@@ -180,6 +180,24 @@ def test_ctrl_c_kills_remote_commands(make_cluster: Callable[[int], Any]) -> Non
         wait_until_gone(host, "sleep 33")
 
 
+def test_what_a_command_leaves_running_on_purpose_outlives_it(make_cluster: Callable[[int], Any]) -> None:
+    """``nohup server &`` through execute_to, as through plain ssh: the command ends, its channel
+    closes, and the watchdog, which kills a command whose channel closed first, leaves the
+    server alone."""
+    cluster = make_cluster(1)
+    host = cluster["h1"]
+    proc = execute_to("--machines", machines_range(cluster, "h1"), "nohup sleep 41.5 >/dev/null 2>&1 & echo started")
+    assert (proc.returncode, proc.stdout) == (0, "h1: started\n"), proc.stderr
+    end = time.monotonic() + 30  # the watcher sees the channel end and decides (30 s: a hung test)
+    while any("while read -r _" in c for c in remote_commands(host)):
+        assert time.monotonic() < end, remote_commands(host)
+        time.sleep(0.1)
+    try:
+        assert any("sleep 41.5" in c for c in remote_commands(host)), remote_commands(host)
+    finally:
+        host.run("pkill -f 'sleep 41.5'")
+
+
 def test_unknown_host_key_is_one_unreachable_host(make_cluster: Callable[[int], Any], tmp_path: Path) -> None:
     cluster = make_cluster(3)
     empty = tmp_path / "known_hosts"

@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -401,6 +402,7 @@ def start_killable(command: str, grace: float = 2.0, **env: str) -> subprocess.P
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env={**os.environ, "SHELL": "/bin/sh", **env},
+        start_new_session=True,  # as sshd starts a session's command: the leader of its group
     )
 
 
@@ -415,8 +417,23 @@ def test_killable_passes_output_and_exit_status_through() -> None:
     # cat ends at once: the command's stdin is /dev/null, not the channel
     with start_killable("cat; echo out; echo err >&2; exit 3") as proc:
         assert finish(proc) == (3, b"out\n", b"err\n")
+    # A signal is the command's own (sshd says exit-signal; transport.exec makes it 128+n), and
+    # no shell waits on it to print "Killed".
     with start_killable("kill -9 $$") as proc:
-        assert finish(proc)[0] == 137
+        assert finish(proc) == (-signal.SIGKILL, b"", b"")
+
+
+def test_killable_leaves_the_command_no_child_and_no_descriptor_of_its_own() -> None:
+    """The watcher is detached: a command that waits for any child of its own (a supervisor,
+    ``os.wait()``) finds none it did not start, and only stdin, stdout and stderr are open."""
+    probe = (
+        f"exec {sys.executable} -c 'import os; print(sorted(os.listdir(\"/proc/self/fd\"))); "
+        "print(os.waitpid(-1, os.WNOHANG))'"
+    )
+    with start_killable(probe) as proc:
+        code, out, err = finish(proc)
+    assert code == 1 and b"ChildProcessError" in err, (code, out, err)  # no child at all
+    assert out == b"['0', '1', '2', '3']\n"  # 3: the listing's own
 
 
 def test_killable_kills_the_whole_command_when_the_channel_closes() -> None:
@@ -426,7 +443,7 @@ def test_killable_kills_the_whole_command_when_the_channel_closes() -> None:
         assert _alive(background)
         proc.stdin.close()
         code, out, _ = finish(proc)
-    assert (code, out) == (128 + signal.SIGTERM, b"")  # the shell died of the TERM
+    assert (code, out) == (-signal.SIGTERM, b"")  # the command died of the TERM
     asyncio.run(wait_all_gone([background]))
 
 
@@ -436,10 +453,52 @@ def test_killable_kills_what_ignores_sigterm() -> None:
         shell = int(proc.stdout.readline())
         proc.stdin.close()
         code, _, _ = finish(proc)
-    assert code == 128 + signal.SIGKILL  # TERM was ignored; the KILL after the grace ended it
+    assert code == -signal.SIGKILL  # TERM was ignored; the KILL after the grace ended it
     asyncio.run(wait_all_gone([shell]))
 
 
-def test_killable_without_python3_runs_the_command_plainly() -> None:
+def test_killable_kills_nothing_after_a_command_that_ended_by_itself() -> None:
+    """``nohup server &`` is meant to outlive the command, as with plain ssh: the channel's end
+    after the command ended kills nothing."""
+    with start_killable("nohup sleep 28.3 >/dev/null 2>&1 & echo $!") as proc:
+        assert proc.stdout is not None and proc.stdin is not None
+        server = int(proc.stdout.readline())
+        assert finish(proc)[0] == 0  # ended, and reaped (as sshd reaps it)
+        proc.stdin.close()  # then the channel closes
+    try:
+        # the watcher (in the command's group, as the server) reads the end, and goes alone
+        for _ in range(200):
+            if group_members(proc.pid) == [server]:
+                break
+            time.sleep(0.05)
+        assert group_members(proc.pid) == [server]
+    finally:
+        os.kill(server, signal.SIGKILL)
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live processes of a process group (from /proc: stat's 5th field is the group)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                members.append(int(entry))
+    return members
+
+
+def test_killable_without_python3_is_watched_all_the_same() -> None:
     with start_killable("echo plain; exit 4", PATH="/nonexistent") as proc:
         assert finish(proc) == (4, b"plain\n", b"")
+    with start_killable("echo $$; /bin/sleep 30", PATH="/nonexistent") as proc:
+        assert proc.stdout is not None and proc.stdin is not None
+        shell = int(proc.stdout.readline())
+        proc.stdin.close()
+        assert finish(proc)[0] == -signal.SIGTERM
+    asyncio.run(wait_all_gone([shell]))
+
+

@@ -70,7 +70,7 @@ class Agent(JobSupervision, FileOperations):
         self.closing = False
         self.idle = None
         self.tasks = set()
-        # The one shell rule (execute_to's watchdog, watchdog.py, follows it too): bash, without
+        # The one shell rule (execute_to's watchdog, watchdog.sh, follows it too): bash, without
         # ~/.bashrc (which Debian's bash reads when it sees SSH_CLIENT, printing into every job's
         # output); /bin/sh only where bash is missing.  Environment comes from env:/setup:.
         self.shell = ["/bin/bash", "--norc"] if os.path.exists("/bin/bash") else ["/bin/sh"]

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from ssh_scheduler.agent import watchdog
+from ssh_scheduler import agent
 from ssh_scheduler.coordinator.fleet_output import (
     TIMEOUT_EXIT,
     Capture,
@@ -76,28 +76,24 @@ class FleetOptions:
 
 # sshd leaves a command running when its channel closes (no pty: no SIGHUP), so closing the
 # channel on timeout or Ctrl-C would not stop it: the command runs under a watchdog
-# (agent/watchdog.py) that kills its whole session when the channel closes (transport.exec never
-# sends EOF on stdin); a host without python3 runs it plainly.  Either way in ``bash --norc -c``
-# as execute_batch's jobs, /bin/sh only where bash is missing, whatever the login shell (tcsh,
-# fish, dash as sh): it only parses the one POSIX line below, and reads ~/.bashrc once.
+# (agent/watchdog.sh) that kills its process group when the channel closes before it ended
+# (transport.exec never sends EOF on stdin).  A POSIX shell, whatever the login shell (tcsh,
+# fish, dash as sh), parses the one line below; the command runs in ``bash --norc -c`` as
+# execute_batch's jobs, /bin/sh only where bash is missing.
 KILL_GRACE = 2.0
 
 
 @functools.cache
 def _watchdog() -> str:
-    """The watchdog as one line: ``exec`` of its file's text as a literal (no newline in it)."""
-    return f"exec({Path(watchdog.__file__).read_text()!r})"
+    """The watchdog as one line (tcsh refuses a quoted newline): its file's commands, each of
+    which ends with ``;`` or ``&``, without the comments."""
+    text = (Path(agent.__file__).parent / "watchdog.sh").read_text()
+    return " ".join(line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#"))
 
 
 def killable(command: str, grace: float = KILL_GRACE) -> str:
     """The remote command line that runs ``command`` under the watchdog."""
-    quoted = shlex.quote(command)
-    program = shlex.quote(_watchdog())
-    posix = (
-        f"command -v python3 >/dev/null 2>&1 && exec python3 -IS -c {program} {quoted} {grace:g}; "
-        f"[ -x /bin/bash ] && exec /bin/bash --norc -c {quoted}; exec /bin/sh -c {quoted}"
-    )
-    return f"exec /bin/sh -c {shlex.quote(posix)}"
+    return f"exec /bin/sh -c {shlex.quote(_watchdog())} sshs {shlex.quote(command)} {grace:g}"
 
 
 @dataclass(slots=True)
