@@ -27,8 +27,16 @@ from pathlib import Path
 
 import pytest
 
+from ssh_scheduler.cli.launch import connects
 from ssh_scheduler.cli.warm_place import launcher_key
-from ssh_scheduler.transport.hub_place import KEEP_WARM_VARIABLE
+from ssh_scheduler.transport import hub_client
+from ssh_scheduler.transport.hub_place import (
+    KEEP_WARM_VARIABLE,
+    private_folder,
+    socket_path,
+    start_early,
+    take_early,
+)
 
 BIN = Path(sys.executable).parent
 # The interpreter the console scripts run (their first line): part of the launcher's key.
@@ -349,3 +357,48 @@ def test_the_key_differs_with_what_a_command_would_not_share() -> None:
         capture_output=True, text=True, check=True,
     ).stdout.strip()
     assert nice != same
+
+
+# --- the hub, started first thing -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("entry", "args", "expected"), [
+    ("execute_to", ["--machines", "a.yaml", "hostname"], True),
+    ("execute_remote", ["hostname", "--machine", "a.yaml"], True),
+    ("execute_batch", ["b.sh", "--machines", "a.yaml"], True),
+    ("ssh_scheduler", ["doctor", "--machines", "a.yaml"], True),
+    ("ssh_scheduler", ["--verbose", "execute-to", "--machines", "a.yaml", "true"], True),
+    ("execute_batch", ["b.sh", "--machines", "a.yaml", "--dry-run"], False),
+    ("execute_to", ["--help"], False),
+    ("ssh_scheduler", ["status"], False),
+    ("ssh_scheduler", ["hub", "stop"], False),
+    ("combine_folders", ["a", "b"], False),
+])
+def test_only_a_command_that_connects_starts_the_hub_first_thing(entry: str, args: list[str], expected: bool) -> None:
+    assert connects(entry, args) is expected
+
+
+def test_the_command_waits_for_the_hub_it_started_first_thing_and_starts_no_other(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runtime = Path(tempfile.mkdtemp(prefix="hub-", dir="/tmp"))  # short: unix socket names are
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    try:
+        start_early()  # the thin start's call: returns at once
+        path = socket_path(private_folder(create=False))
+
+        def no_second(_path: Path) -> None:
+            raise AssertionError("a second hub was started")
+
+        monkeypatch.setattr(hub_client, "spawn_hub", no_second)
+        hub_client.start_hub(path)  # waits for that one's "ready"
+        assert path.exists() and take_early(path) is None
+    finally:
+        hub_client.stop_hub()
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
+def test_the_hub_is_no_program_to_run_by_hand() -> None:
+    done = subprocess.run([sys.executable, "-m", "ssh_scheduler.transport.hub_server"], capture_output=True, text=True, cwd="/")
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == "error: the hub is started by the commands that use it (keep_warm); nothing to run by hand\n"

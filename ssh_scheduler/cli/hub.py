@@ -1,8 +1,8 @@
-"""``ssh-scheduler hub``: what the hub keeps warm, ``hub stop``, and the hidden ``hub serve``.
+"""``ssh-scheduler hub``: what the hub keeps warm, and ``hub stop``.
 
 The hub (transport/hub_server.py) keeps hosts' connections warm between commands; commands start
-it when they need it (transport/hub_client.py runs ``hub serve`` with the pipe it waits on), so
-``serve`` is no command for people: it refuses to run without that pipe.
+it when they need it (transport/hub_place.spawn_hub runs hub_server.py as a program, with the
+pipe it says it is ready on): no command for people starts it.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import stat
 from typing import Annotated, Any
 
 import typer
@@ -48,16 +47,8 @@ def hub_lines(hubs: list[dict[str, Any]]) -> list[str]:
 
 def hub(
     action: Annotated[str, typer.Argument(help="status (the default): what it keeps warm; stop: close it all", metavar="[status|stop]")] = "status",
-    status_fd: Annotated[int | None, typer.Option("--status-fd", hidden=True, help="set by the commands that start the hub")] = None,
 ) -> None:
     """The background hub that keeps connections warm between commands: show it, or stop it."""
-    if action == "serve":
-        if status_fd is None or not _is_pipe(status_fd):
-            err_line("error: the hub is started by the commands that use it (keep_warm); nothing to run by hand")
-            raise typer.Exit(2)
-        from ssh_scheduler.transport.hub_server import serve
-
-        raise typer.Exit(serve(status_fd))
     if action == "stop":
         stopped = stop_hub()
         ended = stop_launchers()
@@ -85,12 +76,5 @@ def stop_launchers() -> list[int]:
             os.kill(pid, signal.SIGTERM)
             ended.append(pid)
     return ended
-
-
-def _is_pipe(fd: int) -> bool:
-    try:
-        return stat.S_ISFIFO(os.fstat(fd).st_mode)
-    except OSError:
-        return False
 
 

@@ -43,6 +43,7 @@ from ssh_scheduler.transport.hub_place import (
     KEEP_WARM_VARIABLE,
     HubUnusable,
     private_folder,
+    start_early,
 )
 from ssh_scheduler.transport.unix_socket import peer_uid, reachable
 
@@ -51,6 +52,9 @@ log = logging.getLogger(__name__)
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGWINCH)
 """Signals passed on to the copy that runs the command (Ctrl-Z stops both: :func:`_follow`)."""
 IGNORABLE = (*FORWARDED, signal.SIGPIPE, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
+CONNECTING = frozenset({"execute_batch", "execute_remote", "execute_to", "doctor"})
+"""The commands that connect to hosts (through the hub, while warm connections are allowed)."""
+NOT_CONNECTING = frozenset({"-h", "--help", "--version", "--dry-run"})
 
 
 def execute_batch_main() -> None:
@@ -78,6 +82,10 @@ def start(entry: str) -> None:
     code = through_launcher(entry)
     if code is not None:
         raise SystemExit(code)
+    if wanted() and connects(entry, sys.argv[1:]):
+        # No hub listens (none handed the command over): start it now, so that it loads while
+        # this process loads the command, not after (a hub unused exits in 2 s).
+        start_early()
     from ssh_scheduler.cli import main as commands
 
     if wanted():
@@ -87,6 +95,16 @@ def start(entry: str) -> None:
 
         when_hub_used(start_beside_hub)
     entry_function(commands, entry)()
+
+
+def connects(entry: str, args: list[str]) -> bool:
+    """Whether the command ``entry args`` will connect to hosts: one of :data:`CONNECTING`,
+    neither asking for help nor a dry run."""
+    if NOT_CONNECTING.intersection(args):
+        return False
+    if entry == "ssh_scheduler":
+        entry = next((a.replace("-", "_") for a in args if not a.startswith("-")), "")
+    return entry in CONNECTING
 
 
 # --- handing the command over ------------------------------------------------------------------

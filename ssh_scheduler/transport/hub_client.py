@@ -52,6 +52,8 @@ from ssh_scheduler.transport.hub_place import (
     lock_path,
     private_folder,
     socket_path,
+    spawn_hub,
+    take_early,
 )
 from ssh_scheduler.transport.hub_wire import (
     END,
@@ -198,42 +200,28 @@ async def _reach(path: Path) -> socket.socket:
 
 
 def start_hub(path: Path, tries: int = 2) -> None:
-    """Start the hub for ``path`` (the hidden ``ssh-scheduler hub serve``) and wait until it
+    """Start the hub for ``path`` (or take the start the command made early) and wait until it
     listens, or until another that won the race does; HubUnusable when neither happens."""
-    read_end, write_end = os.pipe()
-    logfile = path.with_suffix(".log")
     try:
-        with contextlib.suppress(OSError):
-            if logfile.stat().st_size > 1 << 20:
-                logfile.unlink()
-        log_fd = os.open(logfile, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        try:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "ssh_scheduler", "hub", "serve", "--status-fd", str(write_end)],
-                stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd, pass_fds=(write_end,),
-                start_new_session=True, cwd="/",
-            )
-        finally:
-            os.close(log_fd)
-        os.close(write_end)
-        write_end = -1
-        said = b""
-        deadline = time.monotonic() + START_TIMEOUT
+        starting = take_early(path) or spawn_hub(path)
+    except OSError as exc:
+        raise HubUnusable(f"cannot start the hub: {exc.strerror or exc}") from None
+    said = b""
+    deadline = time.monotonic() + START_TIMEOUT
+    try:
         while not said.endswith(b"\n") and (left := deadline - time.monotonic()) > 0:
-            if not select.select([read_end], [], [], left)[0]:
+            if not select.select([starting.said], [], [], left)[0]:
                 break
-            chunk = os.read(read_end, 256)
+            chunk = os.read(starting.said, 256)
             if not chunk:
                 break
             said += chunk
         with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(1)  # it forked the hub and exited: reaped here, nobody's zombie
+            starting.process.wait(1)  # it forked the hub and exited: reaped here, nobody's zombie
     except OSError as exc:
         raise HubUnusable(f"cannot start the hub: {exc.strerror or exc}") from None
     finally:
-        os.close(read_end)
-        if write_end >= 0:
-            os.close(write_end)
+        os.close(starting.said)
     if said.startswith(b"busy"):  # another start won: wait until it listens
         while time.monotonic() < deadline and not path.exists():
             if not lock_path(path).exists() and tries > 1:  # it gave its name up meanwhile
@@ -241,7 +229,7 @@ def start_hub(path: Path, tries: int = 2) -> None:
                 return
             time.sleep(0.02)
     elif not said.startswith(b"ready"):
-        raise HubUnusable(f"the hub did not start ({said.decode(errors='replace').strip() or 'no answer'}; see {logfile})")
+        raise HubUnusable(f"the hub did not start ({said.decode(errors='replace').strip() or 'no answer'}; see {starting.logfile})")
 
 
 # --- the transport ------------------------------------------------------------------------------

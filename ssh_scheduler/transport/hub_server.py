@@ -1,7 +1,7 @@
 """The hub: a per-user background process that keeps hosts' SSH connections (and agents) warm.
 
-Started by the first command that wants a warm connection and finds none (hub_client.py runs
-the hidden ``ssh-scheduler hub serve``), in a session of its own, detached from every terminal;
+Started by a command that will connect and finds none (hub_place.spawn_hub runs this module as
+a program: ``python -m ssh_scheduler.transport.hub_server``), in a session of its own, detached from every terminal;
 it serves :mod:`hub_wire`'s socket in the user's private folder and ends by itself once it holds
 nothing: each connection goes ``keep_warm`` seconds after its last use (hub_pool.py), a changed
 key or known_hosts entry closes it at once, and the hub exits a moment after the last one.
@@ -26,6 +26,8 @@ import resource
 import secrets
 import signal
 import socket
+import stat
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -424,7 +426,7 @@ def _alive(pid: int) -> bool:
 
 
 def serve(status_fd: int) -> int:
-    """The hub process (``ssh-scheduler hub serve``, started by hub_client.py): detach, take
+    """The hub process (started by hub_place.spawn_hub): detach, take
     the lock of this hub's socket, listen, tell the starter through ``status_fd``, serve until
     idle.  Returns the exit status."""
     if os.fork() > 0:  # the starter reaps this parent at once: the hub is nobody's zombie
@@ -467,3 +469,23 @@ def serve(status_fd: int) -> int:
     finally:
         loop.close()
     return 0
+
+
+def main(argv: list[str]) -> int:
+    """``python -m ssh_scheduler.transport.hub_server --status-fd N``, where N is the pipe its
+    starter reads."""
+    if len(argv) != 2 or argv[0] != "--status-fd" or not argv[1].isdigit() or not _is_pipe(int(argv[1])):
+        sys.stderr.write("error: the hub is started by the commands that use it (keep_warm); nothing to run by hand\n")
+        return 2
+    return serve(int(argv[1]))
+
+
+def _is_pipe(fd: int) -> bool:
+    try:
+        return stat.S_ISFIFO(os.fstat(fd).st_mode)
+    except OSError:
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
