@@ -41,6 +41,7 @@ from ssh_scheduler.cli.warm_place import (
 )
 from ssh_scheduler.transport.hub_place import (
     KEEP_WARM_VARIABLE,
+    LOG_LIMIT,
     HubUnusable,
     private_folder,
     start_early,
@@ -54,7 +55,7 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signa
 IGNORABLE = (*FORWARDED, signal.SIGPIPE, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
 CONNECTING = frozenset({"execute_batch", "execute_remote", "execute_to", "doctor"})
 """The commands that connect to hosts (through the hub, while warm connections are allowed)."""
-NOT_CONNECTING = frozenset({"-h", "--help", "--version", "--dry-run"})
+NOT_CONNECTING = frozenset({"-h", "--help", "--version"})
 
 
 def execute_batch_main() -> None:
@@ -99,7 +100,7 @@ def start(entry: str) -> None:
 
 def connects(entry: str, args: list[str]) -> bool:
     """Whether the command ``entry args`` will connect to hosts: one of :data:`CONNECTING`,
-    neither asking for help nor a dry run."""
+    not asking for help (a dry run probes the hosts)."""
     if NOT_CONNECTING.intersection(args):
         return False
     if entry == "ssh_scheduler":
@@ -272,7 +273,7 @@ def start_beside_hub() -> None:
         import subprocess  # (only here: the thin start stays small)
 
         with contextlib.suppress(OSError):
-            if path.with_suffix(".log").stat().st_size > 1 << 20:
+            if path.with_suffix(".log").stat().st_size > LOG_LIMIT:
                 path.with_suffix(".log").unlink()
         log_fd = os.open(path.with_suffix(".log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         try:
