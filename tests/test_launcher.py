@@ -322,6 +322,10 @@ def test_a_warm_command_leaves_a_launcher_the_next_starts_in_and_it_ends_with_th
                 until(warm.socket.exists, "the first command's launcher listens")
         assert len(warm.launched()) == 1  # the second started in it
         [pid] = [int(warm.socket.with_suffix(".lock").read_text())]
+        # It borrowed its connection from the hub: the launcher never loaded asyncssh (whose
+        # cryptography is a shared library in its memory map), which a cold command's start
+        # would have paid for beside it.
+        assert "cryptography" not in Path(f"/proc/{pid}/maps").read_text()
         shown = warm.run("hub", cwd=tmp_path, script="ssh-scheduler").stdout
         assert f"warm starts: launcher pid {pid} " in shown and "warm connections: 1" in shown
         assert warm.run("hub", "stop", cwd=tmp_path, script="ssh-scheduler").returncode == 0

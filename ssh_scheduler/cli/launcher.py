@@ -1,6 +1,6 @@
 """The warm launcher: a process that has loaded every command, forking a copy to run each one.
 
-A command's own start -- the interpreter, typer, asyncio, asyncssh and the coordinator -- costs
+A command's own start -- the interpreter, typer, asyncio and the coordinator -- costs
 about 0.12 s of CPU before it does anything, and a warm connection saves the rest of a short
 command's time.  So while this user's hub keeps connections warm, a launcher keeps all of that
 loaded.  Commands reach it from their first step (cli/launch.py) over a unix socket in the hub's
@@ -173,7 +173,10 @@ def idle_seconds() -> float:
 
 
 def preload() -> None:
-    """Every command's modules, and asyncssh, loaded once here rather than by each command."""
+    """Every command's modules, loaded once here rather than by each command.  Not asyncssh: a
+    command that starts here borrows its connections from the hub, which has it loaded, and only
+    the rare one that must connect directly (the hub refused) loads it, as a cold command does.
+    It was 80 ms of this process's start, which runs beside the first command, on its CPUs."""
     package = Path(__file__).resolve().parents[1]
     for module in pkgutil.walk_packages([str(package)], "ssh_scheduler."):
         if module.name.startswith(NOT_LOADED):
@@ -182,9 +185,6 @@ def preload() -> None:
             importlib.import_module(module.name)
         except Exception as exc:  # a module that cannot load here loads (or fails) in the command
             log.info("not loaded ahead: %s (%s)", module.name, exc)
-    from ssh_scheduler.transport.loading import import_asyncssh
-
-    import_asyncssh()
     gc.collect()
     gc.freeze()  # what is loaded stays out of every copy's collections (and its pages shared)
 
