@@ -19,14 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import resource
 import signal
 import socket
 import sys
 from pathlib import Path
-from typing import Any
 
 from ssh_scheduler.cli.warm_place import (
     GO,
@@ -48,7 +46,9 @@ from ssh_scheduler.transport.hub_place import (
 )
 from ssh_scheduler.transport.unix_socket import peer_uid, reachable
 
-log = logging.getLogger(__name__)
+TYPE_CHECKING = False  # the thin start imports this module: typing's own import costs it 2 ms
+if TYPE_CHECKING:
+    from typing import Any
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGWINCH)
 """Signals passed on to the copy that runs the command (Ctrl-Z stops both: :func:`_follow`)."""
@@ -284,4 +284,6 @@ def start_beside_hub() -> None:
         finally:
             os.close(log_fd)
     except (HubUnusable, OSError) as exc:
-        log.debug("no launcher started: %s", exc)
+        import logging  # (only here: the thin start stays small)
+
+        logging.getLogger(__name__).debug("no launcher started: %s", exc)

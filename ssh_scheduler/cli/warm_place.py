@@ -15,7 +15,6 @@ import struct
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from ssh_scheduler.transport.hub_place import (
     KEEP_WARM_VARIABLE,
@@ -24,6 +23,10 @@ from ssh_scheduler.transport.hub_place import (
     keep_warm_seconds,
     private_folder,
 )
+
+TYPE_CHECKING = False  # the thin start imports this module: typing's own import costs it 2 ms
+if TYPE_CHECKING:
+    from typing import Any
 
 ENTRIES = ("execute_batch", "execute_remote", "execute_to", "combine_folders", "ssh_scheduler")
 """The commands a launcher runs: ``cli.main``'s ``<name>_main`` (``ssh_scheduler``: ``main``)."""
