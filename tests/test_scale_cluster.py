@@ -94,6 +94,32 @@ def test_connections_open_at_most_max_connecting_at_once(
     assert all(connections(h) == 0 for h in hosts)  # the batch closed what it opened
 
 
+@pytest.mark.namespaces
+def test_a_host_slow_to_start_its_agent_holds_no_other_hosts_login(
+    make_cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
+    """``--max-connecting`` counts logins (the unauthenticated connections sshd's MaxStartups
+    counts), not what follows: with room for one, the next host logs in and runs a job while the
+    first host's agent is still starting."""
+    cluster = make_cluster(2)
+    slow = cluster.hosts[0]  # first in the list: logged into first
+    gate = cluster.base / "agent-go"
+    stub = slow.dir / "bin" / "python3"  # first on the host's PATH: the agent's python waits
+    stub.write_text(f'#!/bin/sh\nuntil [ -e {gate} ]; do sleep 0.05; done\nexec /usr/bin/python3 "$@"\n')
+    stub.chmod(0o755)
+    (tmp_path / "b.sh").write_text("hostname\n")
+    batch = LiveBatch(tmp_path, "b.sh", *machines(cluster), *CHEAP, "--max-connecting", "1")
+    try:
+        # (20 s: well before the 30 s after which a hello that never came gives the host up)
+        [started] = batch.wait_for("started: ", 1, timeout=20)  # while the slow agent waits
+        assert not gate.exists()
+    finally:
+        gate.write_text("")
+        code = batch.finish()
+    assert code == 0, batch.text()
+    assert (tmp_path / "job_results" / "b.sh.1.out").read_text() == f"{cluster.hosts[1].name}\n", started
+
+
 @pytest.mark.slow
 def test_five_hundred_short_jobs_cost_one_probe_per_host(make_cluster: Callable[..., Cluster], tmp_path: Path) -> None:
     cluster = make_cluster([HostSpec(gpus=[GpuSpec(memory_mb=16000)]) for _ in range(4)])

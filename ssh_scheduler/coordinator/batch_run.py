@@ -46,8 +46,8 @@ class BatchOptions:
     accept_new: bool = False
     probe_interval: float = 15.0
     max_connecting: int = 8
-    """Hosts connecting at once: below sshd's default ``MaxStartups 10:30:100`` (from 10
-    unauthenticated connections on, sshd starts dropping new ones)."""
+    """Hosts logging in at once: below sshd's default ``MaxStartups 10:30:100`` (from 10
+    unauthenticated connections on, sshd starts dropping new ones); agents start outside it."""
     lease: float = DEFAULT_LEASE
     keepalive: float | None = None
     limits: CopyLimits = CopyLimits()

@@ -58,11 +58,11 @@ class EarlyHosts:
 
     async def _open(self, machine: Machine, starting: asyncio.Future[None]) -> Executor:
         try:
-            async with self.connecting:
-                return await open_backend(
-                    machine, accept_new=self._accept_new, keepalive=self._keepalive, lease=self._lease,
-                    token=self.token, probe_first=True, on_hello_sent=lambda: starting.set_result(None),
-                )
+            return await open_backend(
+                machine, accept_new=self._accept_new, keepalive=self._keepalive, lease=self._lease,
+                token=self.token, probe_first=True, on_hello_sent=lambda: starting.set_result(None),
+                connecting=self.connecting,
+            )
         finally:
             if not starting.done():
                 starting.set_result(None)

@@ -95,8 +95,9 @@ class Hosts:
         return [tg.create_task(self.start(m)) for m in self.machines.values()]
 
     async def start(self, machine: Machine) -> None:
-        """Connect (at most ``max_connecting`` hosts at once: sshd's ``MaxStartups`` drops a
-        flood of unauthenticated connections), start the agent and probe; the planner places
+        """Connect (at most ``max_connecting`` hosts logging in at once: sshd's ``MaxStartups``
+        drops a flood of unauthenticated connections; a host logged into starts its agent
+        without holding that room), start the agent and probe; the planner places
         jobs there as soon as the probe lands, whatever the other hosts do.  A host we cannot
         trust or log into is a configuration error that ends the batch; an unreachable one is
         retried later."""
@@ -107,8 +108,7 @@ class Hosts:
             if early is not None:
                 executor = await early
             else:
-                async with self.connecting:
-                    executor = await self.open(machine)
+                executor = await self.open(machine)
         except (HostKeyError, AuthenticationError) as exc:
             raise host_named(name, exc) from None
         except TransportError as exc:
@@ -165,7 +165,7 @@ class Hosts:
         # release precedes it (allocate.py probe_started()).
         return await open_backend(
             machine, accept_new=self.options.accept_new, keepalive=self.options.keepalive,
-            lease=self.options.lease, token=self.token, probe_first=True,
+            lease=self.options.lease, token=self.token, probe_first=True, connecting=self.connecting,
         )
 
     async def probe(self, host: str) -> None:
@@ -204,8 +204,7 @@ class Hosts:
             await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, REVIVE_MAX_DELAY)
             try:
-                async with self.connecting:
-                    executor = await self.open(self.machines[host])
+                executor = await self.open(self.machines[host])
             except TransportError:
                 continue
             try:

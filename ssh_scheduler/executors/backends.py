@@ -7,7 +7,6 @@ its settings in the machine YAML), never a coordinator change.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -32,21 +31,23 @@ async def open_backend(
     token: str = "",
     probe_first: bool = False,
     on_hello_sent: Callable[[], None] | None = None,
+    connecting: AbstractAsyncContextManager[Any] | None = None,
 ) -> Executor:
     """Connect to the machine and start what runs its jobs: our agent on a host, or on a Slurm
     login node (jobs then go to Slurm, and the batch's jobs an earlier coordinator left there are
     looked up).  Raises what :func:`~ssh_scheduler.executors.host.open_executor` raises.
     ``probe_first``: the first :meth:`~ssh_scheduler.executors.base.Executor.probe` comes at once
     (a host's agent starts it with its hello; Slurm's probe is its queue, asked separately).
-    ``on_hello_sent``: called once the agent was started and its hello sent."""
+    ``on_hello_sent``: called once the agent was started and its hello sent.  ``connecting``:
+    held while connecting only (see open_executor)."""
     if machine.slurm is not None:
         return await open_slurm_executor(
             machine, settings=machine.slurm, token=token, accept_new=accept_new, keepalive=keepalive,
-            lease=lease, on_hello_sent=on_hello_sent,
+            lease=lease, on_hello_sent=on_hello_sent, connecting=connecting,
         )
     return await open_executor(
         machine, accept_new=accept_new, keepalive=keepalive, lease=lease, token=token,
-        probe_first=probe_first, on_hello_sent=on_hello_sent,
+        probe_first=probe_first, on_hello_sent=on_hello_sent, connecting=connecting,
     )
 
 
@@ -58,9 +59,8 @@ async def dry_run_state(
     connecting: AbstractAsyncContextManager[Any] | None = None,
 ) -> HostState:
     """What the planner sees of the machine for a dry run, starting nothing there: one probe
-    without an agent (inside ``connecting``, which limits connections at once), or for a Slurm
-    machine its queue as configured (no connection at all).  Raises TransportError."""
+    without an agent (``connecting`` held while it connects: it limits connections at once), or
+    for a Slurm machine its queue as configured (no connection at all).  Raises TransportError."""
     if machine.slurm is not None:
         return queue_state(machine.slurm)
-    async with connecting if connecting is not None else contextlib.nullcontext():
-        return await probe_only(machine, accept_new=accept_new, keepalive=keepalive)
+    return await probe_only(machine, accept_new=accept_new, keepalive=keepalive, connecting=connecting)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from ssh_scheduler.errors import ConfigError, ProbeError, TransportError
@@ -154,19 +155,23 @@ async def open_executor(
     token: str = "",
     probe_first: bool = False,
     on_hello_sent: Callable[[], None] | None = None,
+    connecting: AbstractAsyncContextManager[Any] | None = None,
 ) -> AgentExecutor:
     """Connect, start the agent and open the file channel; raises TransportError (HostKeyError,
     AuthenticationError, AgentStartError...), or ConfigError for a machine we cannot work on.
     ``probe_first``: the agent starts the probe with its hello, so the first :meth:`probe` only
     waits for the answer (for callers that probe at once; others would waste the host's CPU).
-    ``on_hello_sent``: called once the agent was started and its hello sent."""
+    ``on_hello_sent``: called once the agent was started and its hello sent.  ``connecting``:
+    held while connecting only (the key exchange and login, what sshd's ``MaxStartups`` counts),
+    not while the agent starts."""
     if machine.max_sessions < 2:  # refused before connecting: it could never work
         raise ConfigError(
             f"{machine.name}: max_sessions is {machine.max_sessions}, but a batch needs 2 ssh "
             "sessions per host (its agent and file transfers); fix: set MaxSessions 2 or more in "
             "the host's sshd_config and max_sessions: 2 or more in the machine YAML"
         )
-    transport = await connect(machine, accept_new=accept_new, keepalive=keepalive)
+    async with connecting if connecting is not None else contextlib.nullcontext():
+        transport = await connect(machine, accept_new=accept_new, keepalive=keepalive)
     session = HostSession(
         transport, lease=lease, token=token, first_probe=PROBE_COMMAND if probe_first else None,
         on_hello_sent=on_hello_sent,
@@ -183,9 +188,14 @@ async def open_executor(
     return AgentExecutor(transport, session)
 
 
-async def probe_only(machine: Machine, *, accept_new: bool = False, keepalive: float | None = None) -> HostState:
-    """One probe without an agent (a dry run needs a plan, not a session)."""
-    transport = await connect(machine, accept_new=accept_new, keepalive=keepalive)
+async def probe_only(
+    machine: Machine, *, accept_new: bool = False, keepalive: float | None = None,
+    connecting: AbstractAsyncContextManager[Any] | None = None,
+) -> HostState:
+    """One probe without an agent (a dry run needs a plan, not a session); ``connecting`` as for
+    :func:`open_executor`."""
+    async with connecting if connecting is not None else contextlib.nullcontext():
+        transport = await connect(machine, accept_new=accept_new, keepalive=keepalive)
     try:
         text = (await transport.exec(PROBE_COMMAND)).stdout.decode(errors="replace")
     finally:
