@@ -377,6 +377,9 @@ def test_the_key_differs_with_what_a_command_would_not_share() -> None:
     ("ssh_scheduler", ["--verbose", "execute-to", "--machines", "a.yaml", "true"], True),
     ("execute_batch", ["b.sh", "--machines", "a.yaml", "--dry-run"], True),  # it probes the hosts
     ("execute_to", ["--help"], False),
+    ("execute_to", ["--machines", "a.yaml", "--keep-warm", "0", "hostname"], False),  # no hub at all
+    ("execute_remote", ["hostname", "--keep-warm=0", "--machine", "a.yaml"], False),
+    ("execute_remote", ["hostname", "--keep-warm", "30", "--machine", "a.yaml"], True),
     ("ssh_scheduler", ["status"], False),
     ("ssh_scheduler", ["hub", "stop"], False),
     ("combine_folders", ["a", "b"], False),

@@ -41,6 +41,7 @@ from ssh_scheduler.transport.hub_place import (
     KEEP_WARM_VARIABLE,
     LOG_LIMIT,
     HubUnusable,
+    keep_warm_seconds,
     private_folder,
     start_early,
 )
@@ -99,10 +100,17 @@ def start(entry: str) -> None:
 
 
 def connects(entry: str, args: list[str]) -> bool:
-    """Whether the command ``entry args`` will connect to hosts: one of :data:`CONNECTING`,
-    not asking for help (a dry run probes the hosts)."""
+    """Whether the command ``entry args`` will connect to hosts through the hub: one of
+    :data:`CONNECTING`, not asking for help (a dry run probes the hosts), and not told to keep
+    nothing warm (``--keep-warm 0``: no hub for this command, not even one started early)."""
     if NOT_CONNECTING.intersection(args):
         return False
+    for at, arg in enumerate(args):
+        value = arg.partition("=")[2] if arg.startswith("--keep-warm=") else None
+        if arg == "--keep-warm" and at + 1 < len(args):
+            value = args[at + 1]
+        if value is not None and keep_warm_seconds(value) == 0:
+            return False
     if entry == "ssh_scheduler":
         entry = next((a.replace("-", "_") for a in args if not a.startswith("-")), "")
     return entry in CONNECTING
