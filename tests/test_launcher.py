@@ -11,6 +11,7 @@ the command did (or did not) go through it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import pwd
@@ -29,7 +30,7 @@ import pytest
 
 from ssh_scheduler.cli.launch import connects
 from ssh_scheduler.cli.warm_place import launcher_key
-from ssh_scheduler.transport import hub_client
+from ssh_scheduler.transport import hub_client, hub_place
 from ssh_scheduler.transport.hub_place import (
     KEEP_WARM_VARIABLE,
     private_folder,
@@ -412,3 +413,20 @@ def test_the_hub_is_no_program_to_run_by_hand() -> None:
     done = subprocess.run([sys.executable, "-m", "ssh_scheduler.transport.hub_server"], capture_output=True, text=True, cwd="/")
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == "error: the hub is started by the commands that use it (keep_warm); nothing to run by hand\n"
+
+
+def test_a_hub_started_first_thing_that_listens_already_leaves_no_zombie(monkeypatch: pytest.MonkeyPatch) -> None:
+    runtime = Path(tempfile.mkdtemp(prefix="hub-", dir="/tmp"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    try:
+        start_early()
+        path = socket_path(private_folder(create=False))
+        starting = hub_place._early[path]
+        until(path.exists, "the hub listens")  # before the command first reaches it
+        sock = asyncio.run(hub_client._reach(path))
+        sock.close()
+        # Its first process (which forked the hub away and exited) was reaped, its pipe closed.
+        assert starting.process.returncode == 0 and take_early(path) is None
+    finally:
+        hub_client.stop_hub()
+        shutil.rmtree(runtime, ignore_errors=True)

@@ -180,9 +180,12 @@ def when_hub_used(callback: Callable[[], None]) -> None:
 async def _reach(path: Path) -> socket.socket:
     """A connection to this user's hub, started first when none answers."""
     try:
-        return await connect_socket(path, REACH_TIMEOUT)
+        sock = await connect_socket(path, REACH_TIMEOUT)
     except HubAbsent:
         pass  # start one (something else answering there, not our hub, is never replaced)
+    else:
+        _settle_early(path)
+        return sock
     loop = asyncio.get_running_loop()
     starting = _starting.get(loop)
     if starting is None or starting.done():  # one start per process, however many hosts wait
@@ -197,6 +200,17 @@ async def _reach(path: Path) -> socket.socket:
             starting.set_result(None)
     await asyncio.shield(starting)
     return await connect_socket(path, REACH_TIMEOUT)
+
+
+def _settle_early(path: Path) -> None:
+    """The hub this command started first thing listens already, so nobody waits on its start:
+    close its pipe and reap its first process (which exits as the hub forks away), rather than
+    leave it a zombie for as long as the command runs."""
+    starting = take_early(path)
+    if starting is not None:
+        os.close(starting.said)
+        if starting.process.poll() is None:  # it exits within moments of the fork
+            asyncio.get_running_loop().call_later(1.0, starting.process.poll)
 
 
 def start_hub(path: Path, tries: int = 2) -> None:
