@@ -55,6 +55,16 @@ def wait_until(check: Callable[[], object], what: str, timeout: float = 60) -> N
         time.sleep(0.05)
 
 
+
+def alive(pid: int) -> bool:
+    """Running: a zombie nobody reaped yet has ended."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
 class LiveBatch:
     """A batch running in the background in its own session; two threads collect its stdout and
     stderr lines as they come, so the test can wait for a line without blocking on a pipe."""

@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -33,6 +32,7 @@ from ssh_scheduler.coordinator.fleet_output import (
 from ssh_scheduler.errors import ConfigError, TransferError
 from ssh_scheduler.machines.hostlist import expand
 from ssh_scheduler.machines.machine import Machine, local_machine
+from tests.live_batch import alive, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -354,14 +354,6 @@ def test_cli_command_after_exclude(tmp_path: Path) -> None:
     ]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
-
-
 async def test_cancel_stops_every_host(tmp_path: Path) -> None:
     pids = tmp_path / "pids"
     pids.mkdir()
@@ -376,7 +368,7 @@ async def test_cancel_stops_every_host(tmp_path: Path) -> None:
             break
         await asyncio.sleep(0.05)
     started = [int(p.name) for p in pids.iterdir()]
-    assert len(started) == 4 and all(_alive(pid) for pid in started)
+    assert len(started) == 4 and all(alive(pid) for pid in started)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -386,10 +378,10 @@ async def test_cancel_stops_every_host(tmp_path: Path) -> None:
 async def wait_all_gone(pids: list[int]) -> None:
     """The processes end (a kill may take a moment to land); 10 s only stops a hung test."""
     for _ in range(200):
-        if not any(_alive(pid) for pid in pids):
+        if not any(alive(pid) for pid in pids):
             return
         await asyncio.sleep(0.05)
-    assert [pid for pid in pids if _alive(pid)] == []
+    assert [pid for pid in pids if alive(pid)] == []
 
 
 # --- the remote watchdog (run here with a local shell, as sshd would run it) ------------------
@@ -440,7 +432,7 @@ def test_killable_kills_the_whole_command_when_the_channel_closes() -> None:
     with start_killable("sleep 29 & echo $!; sleep 30; echo never") as proc:
         assert proc.stdout is not None and proc.stdin is not None
         background = int(proc.stdout.readline())
-        assert _alive(background)
+        assert alive(background)
         proc.stdin.close()
         code, out, _ = finish(proc)
     assert (code, out) == (-signal.SIGTERM, b"")  # the command died of the TERM
@@ -467,11 +459,7 @@ def test_killable_kills_nothing_after_a_command_that_ended_by_itself() -> None:
         proc.stdin.close()  # then the channel closes
     try:
         # the watcher (in the command's group, as the server) reads the end, and goes alone
-        for _ in range(200):
-            if group_members(proc.pid) == [server]:
-                break
-            time.sleep(0.05)
-        assert group_members(proc.pid) == [server]
+        wait_until(lambda: group_members(proc.pid) == [server], "only the server is left in the command's group")
     finally:
         os.kill(server, signal.SIGKILL)
 

@@ -19,7 +19,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -39,6 +38,7 @@ from ssh_scheduler.transport.hub_client import hub_status, stop_hub
 from ssh_scheduler.transport.hub_place import KEEP_WARM_VARIABLE, hub_key
 from ssh_scheduler.transport.ssh import connect
 from tests.cluster import Cluster, Host, HostSpec
+from tests.live_batch import alive, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin") or "python3"
@@ -59,23 +59,8 @@ def agents(host: Host) -> set[int]:
     return {int(pid) for pid in found}
 
 
-def until(check: Callable[[], bool], what: str, limit: float = 30) -> None:
-    deadline = time.monotonic() + limit
-    while not check():
-        assert time.monotonic() < deadline, f"still not: {what}"
-        time.sleep(0.1)
-
-
 def hub_pids() -> list[int]:
     return [int(h["pid"]) for h in hub_status()]
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @pytest.fixture
@@ -90,7 +75,7 @@ def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         pids = hub_pids()
         stop_hub()
         for pid in pids:
-            until(lambda pid=pid: not alive(pid), f"hub {pid} exited")
+            wait_until(lambda pid=pid: not alive(pid), f"hub {pid} exited")
         shutil.rmtree(runtime, ignore_errors=True)
 
 
@@ -165,7 +150,7 @@ async def test_what_goes_through_the_hub_is_what_a_direct_connection_does(cluste
             await asyncio.wait_for(transport.exec(killable("sleep 301.7")), 2)
     finally:
         await transport.close()
-    until(lambda: "sleep 301.7" not in host.run(f"pgrep -a -u {host.user} sleep").stdout, "the cancelled sleep was killed")
+    wait_until(lambda: "sleep 301.7" not in host.run(f"pgrep -a -u {host.user} sleep").stdout, "the cancelled sleep was killed")
     # A download whose writing here fails (a full disk) is this machine's OSError, as it is
     # directly: a copy-back tells it from the host's fault (executors/transfer.py).
     for machine in (warm, direct):
@@ -254,7 +239,7 @@ async def test_another_user_is_refused_both_ways(cluster4: Cluster, hub: Path, t
     # 2. A listener of another user planted at our socket's name is never told anything: the
     # command connects directly.
     stop_hub()
-    until(lambda: not alive(pid), "the hub stopped")
+    wait_until(lambda: not alive(pid), "the hub stopped")
     theirs = Path(tempfile.mkdtemp(dir="/tmp"))
     os.chown(theirs, pwd.getpwnam(cluster4.other_user()).pw_uid, -1)
     try:
@@ -295,11 +280,11 @@ async def test_a_killed_stale_or_stuck_hub_costs_a_direct_connection_never_a_wro
     # Killed while a command runs through it: the command ends as on a lost connection, and the
     # host's command dies with its channel (the watchdog), as with a cut connection.
     running = asyncio.ensure_future(execute_to([machine], "sleep 40; echo late"))
-    await asyncio.to_thread(until, lambda: "sleep 40" in host.run(f"pgrep -a -u {host.user} sleep").stdout, "the command runs")
+    await asyncio.to_thread(wait_until, lambda: "sleep 40" in host.run(f"pgrep -a -u {host.user} sleep").stdout, "the command runs")
     os.kill(first, signal.SIGKILL)
     [result] = (await asyncio.wait_for(running, 60)).results
     assert result.exit_code is None and "hub" in (result.error or ""), result
-    await asyncio.to_thread(until, lambda: "sleep 40" not in host.run(f"pgrep -a -u {host.user} sleep").stdout, "the command was killed")
+    await asyncio.to_thread(wait_until, lambda: "sleep 40" not in host.run(f"pgrep -a -u {host.user} sleep").stdout, "the command was killed")
 
     # Its socket is left behind: the next command starts a new hub in its place.
     assert (hub / f"hub-{hub_key()}.sock").exists()
@@ -331,7 +316,7 @@ def test_a_client_killed_midway_leaves_its_connection_to_nobody(cluster4: Cluste
          "--copy-forwards", "data.bin", "--", "sha256sum data.bin"],
         cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
-    until(lambda: cache.exists() and bool(set(cache.glob("*.part-*")) - left), "the upload runs", 120)
+    wait_until(lambda: cache.exists() and bool(set(cache.glob("*.part-*")) - left), "the upload runs", 120)
     killed.kill()
     killed.wait()
     done = cli("execute_remote", "--machine", str(host.machine_file), "--copy-forwards", "data.bin", "--",
@@ -358,14 +343,14 @@ async def test_a_stopping_hub_finishes_what_it_lent_while_a_new_one_serves(clust
         assert got.stdout == b"still here\n"
     finally:
         await lent.close()
-    await asyncio.to_thread(until, lambda: not alive(old), "the stopped hub exited")
+    await asyncio.to_thread(wait_until, lambda: not alive(old), "the stopped hub exited")
 
 
 async def test_a_hub_ends_by_itself_once_idle(cluster4: Cluster, hub: Path) -> None:
     host = cluster4.hosts[0]
     await hostname(machine_of(host, keep_warm=1.0))
     [pid] = hub_pids()
-    await asyncio.to_thread(until, lambda: not alive(pid), "the idle hub exited", 60)
+    await asyncio.to_thread(wait_until, lambda: not alive(pid), "the idle hub exited", 60)
     assert not (hub / f"hub-{hub_key()}.sock").exists()
 
 
@@ -458,6 +443,6 @@ def test_status_shows_the_hub_and_one_command_stops_it(cluster4: Cluster, hub: P
     [pid] = hub_pids()
     stopped = cli("hub", "stop")
     assert stopped.stdout.strip() == f"stopped the hub (pid {pid})"
-    until(lambda: not alive(pid), "the hub stopped")
+    wait_until(lambda: not alive(pid), "the hub stopped")
     assert "no hub runs" in cli("hub").stdout
     assert cli("hub", "serve").returncode == 2  # not by hand

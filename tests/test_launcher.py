@@ -22,8 +22,7 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,6 +37,7 @@ from ssh_scheduler.transport.hub_place import (
     start_early,
     take_early,
 )
+from tests.live_batch import alive, wait_until
 
 BIN = Path(sys.executable).parent
 # The interpreter the console scripts run (their first line): part of the launcher's key.
@@ -45,22 +45,6 @@ SCRIPT_PYTHON = (BIN / "execute_remote").read_text().splitlines()[0].removeprefi
 KEY_OF = "from ssh_scheduler.cli.warm_place import launcher_key; from ssh_scheduler.transport.hub_place import hub_key; print(launcher_key(), hub_key())"
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the launcher needs Linux (SO_PEERCRED, pidfd)")
-
-
-def until(check: Callable[[], bool], what: str, limit: float = 30) -> None:
-    deadline = time.monotonic() + limit
-    while not check():
-        assert time.monotonic() < deadline, f"still not: {what}"
-        time.sleep(0.05)
-
-
-def alive(pid: int) -> bool:
-    """Running (a zombie nobody reaped yet has ended)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 class Warm:
@@ -88,7 +72,7 @@ class Warm:
                 [SCRIPT_PYTHON, "-m", "ssh_scheduler.cli.launcher"], env=self.env, stdout=log, stderr=log,
                 stdin=subprocess.DEVNULL, cwd="/", start_new_session=True,
             )
-        until(self.ready, "the launcher is ready")
+        wait_until(self.ready, "the launcher is ready")
 
     def ready(self) -> bool:
         return self.log.exists() and "launcher ready" in self.log.read_text()
@@ -158,7 +142,7 @@ def test_a_command_waits_for_a_launcher_that_is_loading(warm: Warm, tmp_path: Pa
             stdin=subprocess.DEVNULL, cwd="/", start_new_session=True,
         )
     lock = warm.socket.with_suffix(".lock")
-    until(lambda: lock.exists() and lock.read_text().strip() == str(warm.process.pid), "the launcher holds its lock")
+    wait_until(lambda: lock.exists() and lock.read_text().strip() == str(warm.process.pid), "the launcher holds its lock")
     assert not warm.ready()  # still loading
     done = warm.run("echo waited", cwd=tmp_path)
     assert (done.returncode, done.stdout) == (0, "waited\n")
@@ -176,7 +160,7 @@ def test_a_command_whose_caller_gave_up_is_never_run_twice(warm: Warm, tmp_path:
     finally:
         warm.process.send_signal(signal.SIGCONT)
     assert done.returncode == 0 and (tmp_path / "ran.txt").read_text() == "once\n"
-    until(lambda: "a command not taken" in warm.log.read_text(), "the launcher read the request it was too late for")
+    wait_until(lambda: "a command not taken" in warm.log.read_text(), "the launcher read the request it was too late for")
     assert warm.launched() == []
     assert (tmp_path / "ran.txt").read_text() == "once\n"
 
@@ -208,7 +192,7 @@ def test_ctrl_c_reaches_the_command_and_a_dead_caller_stops_it(warm: Warm, tmp_p
             [str(BIN / "execute_remote"), f"sleep $((40 + 7)).{tail}"], env=warm.env, cwd=tmp_path, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )
-        until(lambda: subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode == 0, "the job runs")
+        wait_until(lambda: subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode == 0, "the job runs")
         return caller
 
     # Ctrl-C (SIGINT to the command we started): the job is killed and the command says so.
@@ -219,7 +203,7 @@ def test_ctrl_c_reaches_the_command_and_a_dead_caller_stops_it(warm: Warm, tmp_p
     out, err = caller.communicate(timeout=60)
     assert caller.returncode == 130, (out, err)
     assert "cancelled" in err or "interrupted" in err, err
-    until(lambda: subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode != 0, "the job ended")
+    wait_until(lambda: subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode != 0, "the job ended")
     assert not alive(copy)
 
     # The caller killed outright: its copy is stopped (SIGTERM: the command's clean stop).
@@ -227,8 +211,8 @@ def test_ctrl_c_reaches_the_command_and_a_dead_caller_stops_it(warm: Warm, tmp_p
     caller.kill()
     caller.communicate(timeout=30)
     copy = warm.launched()[-1]
-    until(lambda: not alive(copy), "the copy of a killed caller ended")
-    until(lambda: subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode != 0, "its job ended")
+    wait_until(lambda: not alive(copy), "the copy of a killed caller ended")
+    wait_until(lambda: subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode != 0, "its job ended")
 
 
 def test_a_signal_the_caller_ignores_the_command_ignores_too(warm: Warm, tmp_path: Path) -> None:
@@ -241,7 +225,7 @@ def test_a_signal_the_caller_ignores_the_command_ignores_too(warm: Warm, tmp_pat
         [str(BIN / "execute_remote"), f"sleep $((40 + 8)).{tail}"], env=warm.env, cwd=tmp_path, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),
     )
-    until(lambda: subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode == 0, "the job runs")
+    wait_until(lambda: subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode == 0, "the job runs")
     # SIGHUP, then SIGINT: had the hangup reached the command it would have died of it first
     # (a lower signal number is delivered first), not stopped on Ctrl-C as it does here.
     caller.send_signal(signal.SIGHUP)
@@ -320,7 +304,7 @@ def test_a_warm_command_leaves_a_launcher_the_next_starts_in_and_it_ends_with_th
             assert (done.returncode, done.stdout, done.stderr) == (0, f"{host.name}\n", "")
             if n == 1:  # through the hub; at its end it started a launcher (loading, not waited for)
                 assert warm.launched() == [] and warm.hub.exists()
-                until(warm.socket.exists, "the first command's launcher listens")
+                wait_until(warm.socket.exists, "the first command's launcher listens")
         assert len(warm.launched()) == 1  # the second started in it
         [pid] = [int(warm.socket.with_suffix(".lock").read_text())]
         # It borrowed its connection from the hub: the launcher never loaded asyncssh (whose
@@ -330,7 +314,7 @@ def test_a_warm_command_leaves_a_launcher_the_next_starts_in_and_it_ends_with_th
         shown = warm.run("hub", cwd=tmp_path, script="ssh-scheduler").stdout
         assert f"warm starts: launcher pid {pid} " in shown and "warm connections: 1" in shown
         assert warm.run("hub", "stop", cwd=tmp_path, script="ssh-scheduler").returncode == 0
-        until(lambda: not alive(pid), "the launcher ended with its hub")
+        wait_until(lambda: not alive(pid), "the launcher ended with its hub")
         assert not warm.socket.exists()
     finally:
         subprocess.run([str(BIN / "ssh-scheduler"), "hub", "stop"], env=warm.env, capture_output=True, timeout=60)
@@ -422,7 +406,7 @@ def test_a_hub_started_first_thing_that_listens_already_leaves_no_zombie(monkeyp
         start_early()
         path = socket_path(private_folder(create=False))
         starting = hub_place._early[path]
-        until(path.exists, "the hub listens")  # before the command first reaches it
+        wait_until(path.exists, "the hub listens")  # before the command first reaches it
         sock = asyncio.run(hub_client._reach(path))
         sock.close()
         # Its first process (which forked the hub away and exited) was reaped, its pipe closed.
@@ -430,3 +414,19 @@ def test_a_hub_started_first_thing_that_listens_already_leaves_no_zombie(monkeyp
     finally:
         hub_client.stop_hub()
         shutil.rmtree(runtime, ignore_errors=True)
+
+
+def test_a_first_process_still_there_when_the_hub_is_reached_is_reaped_when_it_ends(tmp_path: Path) -> None:
+    async def settle() -> subprocess.Popen[bytes]:
+        said, unused = os.pipe()
+        os.close(unused)
+        first = subprocess.Popen(["sleep", "0.3"])
+        path = tmp_path / "hub.sock"
+        hub_place._early[path] = hub_place.Starting(path, first, said, tmp_path / "hub.log")
+        hub_client._settle_early(path)
+        assert first.returncode is None and take_early(path) is None
+        while first.returncode is None:  # set by the reaping (never polled here)
+            await asyncio.sleep(0.02)
+        return first
+
+    assert asyncio.run(asyncio.wait_for(settle(), 30)).returncode == 0

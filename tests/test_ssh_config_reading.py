@@ -24,13 +24,18 @@ def user_of(config: Path, check_permissions: bool = False) -> str:
     return resolve_host("gpu1", [parsed], ACCOUNT, environ={"HOME": str(config.parent)}).user
 
 
+def refusal_of(config: Path, check_permissions: bool = False) -> str:
+    """The one line reading ``config`` for host gpu1 is refused with."""
+    with pytest.raises(ConfigError) as refused:
+        user_of(config, check_permissions)
+    return str(refused.value)
+
+
 def test_a_config_others_may_write_is_refused_in_one_line(tmp_path: Path) -> None:
     config = tmp_path / "config"
     config.write_text("Host gpu1\n  User x\n")
     config.chmod(0o666)
-    with pytest.raises(ConfigError) as refused:
-        user_of(config, check_permissions=True)
-    assert str(refused.value) == (
+    assert refusal_of(config, check_permissions=True) == (
         f"{config}: bad owner or permissions (ssh refuses it too; make it yours and not writable by "
         "others, nor by a group that holds anybody else: chmod go-w)"
     )
@@ -40,9 +45,7 @@ def test_a_config_others_may_write_is_refused_in_one_line(tmp_path: Path) -> Non
 def test_a_config_that_cannot_be_opened_says_why(tmp_path: Path) -> None:
     config = tmp_path / "config"
     config.symlink_to(config)  # a loop: open fails with ELOOP, whoever we are
-    with pytest.raises(ConfigError) as refused:
-        user_of(config)
-    assert str(refused.value) == (
+    assert refusal_of(config) == (
         f"cannot read ssh config {config}: Too many levels of symbolic links (check it is readable)"
     )
 
@@ -54,9 +57,7 @@ def test_the_size_limit_holds_to_the_byte(tmp_path: Path) -> None:
     assert config.stat().st_size == MAX_CONFIG_BYTES
     assert user_of(config) == "abc"  # the last byte read too
     config.write_bytes(b"#" * (MAX_CONFIG_BYTES - len(tail)) + b"\n" + tail)
-    with pytest.raises(ConfigError) as refused:
-        user_of(config)
-    assert str(refused.value) == f"{config}: larger than {MAX_CONFIG_BYTES} bytes, not an ssh config"
+    assert refusal_of(config) == f"{config}: larger than {MAX_CONFIG_BYTES} bytes, not an ssh config"
 
 
 def test_an_include_that_matches_a_directory_reads_nothing_from_it(tmp_path: Path) -> None:
@@ -87,9 +88,7 @@ def test_includes_nest_sixteen_deep_as_in_ssh(tmp_path: Path) -> None:
     (tmp_path / "deep").mkdir()
     top = chain(tmp_path / "deep", 17)
     assert ref.run("gpu1", top)[0] != 0  # ssh: "Too many recursive configuration includes"
-    with pytest.raises(ConfigError) as refused:
-        user_of(top)
-    assert str(refused.value) == (
+    assert refusal_of(top) == (
         f"{tmp_path / 'deep' / 'c17'}: Include nested more than 16 deep (an Include loop? remove it)"
     )
 
@@ -127,6 +126,4 @@ def test_a_file_an_include_reads_is_checked_as_ssh_checks_it(tmp_path: Path) -> 
     ref = make_reference(tmp_path / "ref")
     status, _, stderr = ref.run("gpu1", config)
     assert status != 0 and f"Bad owner or permissions on {included}" in stderr
-    with pytest.raises(ConfigError) as refused:
-        user_of(config)
-    assert str(refused.value).startswith(f"{included}: bad owner or permissions")
+    assert refusal_of(config).startswith(f"{included}: bad owner or permissions")

@@ -39,10 +39,10 @@ from ssh_scheduler.cli.warm_place import (
 )
 from ssh_scheduler.transport.hub_place import (
     KEEP_WARM_VARIABLE,
-    LOG_LIMIT,
     HubUnusable,
     keep_warm_seconds,
     private_folder,
+    spawn_detached,
     start_early,
 )
 from ssh_scheduler.transport.unix_socket import peer_uid, reachable
@@ -276,21 +276,8 @@ def start_beside_hub() -> None:
     try:
         folder = private_folder(create=True)
         path = launcher_path(folder)
-        if path.exists():
-            return
-        import subprocess  # (only here: the thin start stays small)
-
-        with contextlib.suppress(OSError):
-            if path.with_suffix(".log").stat().st_size > LOG_LIMIT:
-                path.with_suffix(".log").unlink()
-        log_fd = os.open(path.with_suffix(".log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        try:
-            subprocess.Popen(
-                [sys.executable, "-m", "ssh_scheduler.cli.launcher"],
-                stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd, start_new_session=True, cwd="/",
-            )
-        finally:
-            os.close(log_fd)
+        if not path.exists():
+            spawn_detached("ssh_scheduler.cli.launcher", [], path.with_suffix(".log"))
     except (HubUnusable, OSError) as exc:
         import logging  # (only here: the thin start stays small)
 

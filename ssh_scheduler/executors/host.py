@@ -170,8 +170,7 @@ async def open_executor(
             "sessions per host (its agent and file transfers); fix: set MaxSessions 2 or more in "
             "the host's sshd_config and max_sessions: 2 or more in the machine YAML"
         )
-    async with connecting if connecting is not None else contextlib.nullcontext():
-        transport = await connect(machine, accept_new=accept_new, keepalive=keepalive)
+    transport = await _connect(machine, accept_new, keepalive, connecting)
     session = HostSession(
         transport, lease=lease, token=token, first_probe=PROBE_COMMAND if probe_first else None,
         on_hello_sent=on_hello_sent,
@@ -194,8 +193,7 @@ async def probe_only(
 ) -> HostState:
     """One probe without an agent (a dry run needs a plan, not a session); ``connecting`` as for
     :func:`open_executor`."""
-    async with connecting if connecting is not None else contextlib.nullcontext():
-        transport = await connect(machine, accept_new=accept_new, keepalive=keepalive)
+    transport = await _connect(machine, accept_new, keepalive, connecting)
     try:
         text = (await transport.exec(PROBE_COMMAND)).stdout.decode(errors="replace")
     finally:
@@ -204,3 +202,12 @@ async def probe_only(
         return parse_probe_output(text)
     except ProbeError as exc:
         raise TransportError(f"{describe(machine)}: probe failed: {exc}") from None
+
+
+async def _connect(
+    machine: Machine, accept_new: bool, keepalive: float | None, connecting: AbstractAsyncContextManager[Any] | None
+) -> Transport:
+    """A connection to ``machine``, ``connecting`` held only while it is made (the key exchange
+    and login: what sshd's ``MaxStartups`` counts)."""
+    async with connecting if connecting is not None else contextlib.nullcontext():
+        return await connect(machine, accept_new=accept_new, keepalive=keepalive)

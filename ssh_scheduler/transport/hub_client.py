@@ -207,10 +207,25 @@ def _settle_early(path: Path) -> None:
     close its pipe and reap its first process (which exits as the hub forks away), rather than
     leave it a zombie for as long as the command runs."""
     starting = take_early(path)
-    if starting is not None:
-        os.close(starting.said)
-        if starting.process.poll() is None:  # it exits within moments of the fork
-            asyncio.get_running_loop().call_later(1.0, starting.process.poll)
+    if starting is None:
+        return
+    os.close(starting.said)
+    process = starting.process
+    if process.poll() is not None:
+        return
+    # Not gone yet (it exits within moments of the fork): reaped when its pidfd says it ended.
+    loop = asyncio.get_running_loop()
+    try:
+        pidfd = os.pidfd_open(process.pid)
+    except OSError:
+        return
+
+    def ended() -> None:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+        process.poll()
+
+    loop.add_reader(pidfd, ended)
 
 
 def start_hub(path: Path, tries: int = 2) -> None:

@@ -135,27 +135,34 @@ LOG_LIMIT = 1 << 20
 """Bytes of a hub's or launcher's log above which the next start begins it afresh."""
 
 
+def spawn_detached(module: str, args: list[str], logfile: Path, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
+    """``python -m module args`` in a session of its own, from ``/``, writing to ``logfile``
+    (begun afresh above :data:`LOG_LIMIT`): how the hub and the launcher are started."""
+    import subprocess  # (only here: the thin start stays small)
+
+    with contextlib.suppress(OSError):
+        if logfile.stat().st_size > LOG_LIMIT:
+            logfile.unlink()
+    log_fd = os.open(logfile, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", module, *args], stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
+            pass_fds=pass_fds, start_new_session=True, cwd="/",
+        )
+    finally:
+        os.close(log_fd)
+
+
 def spawn_hub(path: Path) -> Starting:
     """Start the hub process for ``path`` and return at once.  It runs hub_server.py as a
     program: python and that module's imports, none of the command line's (typer, the
     commands), which is 70 ms less before it listens."""
-    import subprocess  # (only here: the thin start stays small)
-
     logfile = path.with_suffix(".log")
     read_end, write_end = os.pipe()
     try:
-        with contextlib.suppress(OSError):
-            if logfile.stat().st_size > LOG_LIMIT:
-                logfile.unlink()
-        log_fd = os.open(logfile, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        try:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "ssh_scheduler.transport.hub_server", "--status-fd", str(write_end)],
-                stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd, pass_fds=(write_end,),
-                start_new_session=True, cwd="/",
-            )
-        finally:
-            os.close(log_fd)
+        process = spawn_detached(
+            "ssh_scheduler.transport.hub_server", ["--status-fd", str(write_end)], logfile, (write_end,)
+        )
     except BaseException:
         os.close(read_end)
         raise

@@ -1,10 +1,11 @@
 """The hub: a per-user background process that keeps hosts' SSH connections (and agents) warm.
 
 Started by a command that will connect and finds none (hub_place.spawn_hub runs this module as
-a program: ``python -m ssh_scheduler.transport.hub_server``), in a session of its own, detached from every terminal;
-it serves :mod:`hub_wire`'s socket in the user's private folder and ends by itself once it holds
-nothing: each connection goes ``keep_warm`` seconds after its last use (hub_pool.py), a changed
-key or known_hosts entry closes it at once, and the hub exits a moment after the last one.
+a program: ``python -m ssh_scheduler.transport.hub_server``), in a session of its own, detached
+from every terminal; it serves :mod:`hub_wire`'s socket in the user's private folder and ends by
+itself once it holds nothing: each connection goes ``keep_warm`` seconds after its last use
+(hub_pool.py), a changed key or known_hosts entry closes it at once, and the hub exits a moment
+after the last one.
 ``ssh-scheduler hub stop`` stops it sooner (connections lent to a running command finish first).
 
 Every client connection is one request (hub_wire.py): ``open`` lends a connection for as long as
