@@ -242,6 +242,8 @@ class HostileServer:
             return self._fetch(req)
         if isinstance(req, P.SlurmQuery):  # no Slurm here: squeue "fails"
             return [P.SlurmReply(id=rid, rc=127, squeue="hostile: squeue: not found")]
+        if isinstance(req, P.Adopt):  # this host never lends a spare agent
+            return [P.AdoptReply(id=rid, ok=False, why="hostile: not a spare")]
         if isinstance(req, (P.Ping, P.Kill, P.Resume, P.Bye)):
             return []  # nothing to say: no job here ever runs, so none is killed or resumed
         return [P.Error(id=rid, message=f"unknown op {req.TAG!r}")]

@@ -36,7 +36,7 @@ from ssh_scheduler.transport.hub_place import (
     private_folder,
     socket_path,
 )
-from ssh_scheduler.transport.hub_pool import identity, key_files
+from ssh_scheduler.transport.hub_pool import Held, Pool, identity, key_files
 from ssh_scheduler.transport.hub_wire import (
     END,
     OUT,
@@ -378,3 +378,77 @@ async def test_a_session_going_on_after_bye_reaches_the_agent_whole(client_pair:
     await asyncio.wait_for(served, 10)
     hub_w.close()
     assert bytes(agent.written) == hello + after + last + line(P.Bye()) and not link.kept
+
+
+# --- a spare agent adopting a batch's token -----------------------------------------------------
+
+
+async def answer_adoption(agent: ScriptedAgent, answer: bytes | None) -> None:
+    """Once the hub asked for an adoption: the agent's answer (None: it says nothing)."""
+    while b'"adopt"' not in agent.written:
+        await asyncio.sleep(0.01)
+    assert agent.requests()[-1] == {"id": 0, "token": "b1", "op": "adopt"}  # id 0: no client's
+    if answer is not None:
+        agent.out.put_nowait(answer)
+
+
+@pytest.mark.parametrize(
+    "answer, adopted",
+    [
+        (line(P.AdoptReply(id=0, ok=True)), True),
+        (line(P.AdoptReply(id=0, ok=False, why="holds jobs")), False),
+        (line(P.Error(id=0, message="unknown op 'adopt'")), False),  # an agent older than Adopt
+        (b"", False),  # the agent ended meanwhile
+        (None, False),  # no answer in time
+    ],
+)
+async def test_a_spare_is_the_batchs_only_when_it_says_it_adopted_the_token(
+    client_pair: Any, monkeypatch: pytest.MonkeyPatch, answer: bytes | None, adopted: bool
+) -> None:
+    monkeypatch.setattr(hub_agent, "ADOPT_WAIT", 0.5)
+    agent = ScriptedAgent()
+    link = AgentLink(agent.process(), "~/w", keepable=True, on_end=lambda _: None)
+    assert not link.kept
+    link.park()
+    assert link.kept
+    answering = asyncio.create_task(answer_adoption(agent, answer))
+    assert await link.adopt("b1") is adopted
+    await answering
+    if not adopted:
+        return
+    # The batch's now: its session is relayed byte for byte and never kept.
+    sent = [line(P.Hello(id=1, lease=8.0)), line(P.Bye())]
+    before = len(agent.written)
+    await session(link, client_pair, agent, sent, [line(P.HelloReply(id=1, pid=7, root="/w", python="3.11"))])
+    assert bytes(agent.written[before:]) == b"".join(sent) and not link.kept
+
+
+class SpareTransport:
+    """A connection whose agents are scripted: each start makes a new one."""
+
+    def __init__(self) -> None:
+        self.machine = MACHINE
+        self.started: list[tuple[str, ScriptedAgent]] = []
+
+    async def start_agent(self, token: str) -> AgentProcess:
+        agent = ScriptedAgent()
+        self.started.append((token, agent))
+        return agent.process()
+
+
+async def test_a_refused_spare_is_closed_and_the_batch_gets_an_agent_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hub_agent, "ADOPT_WAIT", 0.5)
+    transport = SpareTransport()
+    pool = Pool()
+    held = Held("k", transport, (), (), "", lent=False)  # type: ignore[arg-type]
+    pool.held.append(held)
+    pool.start_spare(held)
+    link, warm = await pool.agent_for(held, "")  # a token-less session waits for it, and has it
+    assert warm and held.agent is link and [t for t, _ in transport.started] == [""]
+    spare = transport.started[0][1]
+
+    answering = asyncio.create_task(answer_adoption(spare, line(P.AdoptReply(id=0, ok=False, why="socket"))))
+    batch, warm = await pool.agent_for(held, "b1")
+    await answering
+    assert not warm and batch is not link and spare.closed  # no second agent left beside it
+    assert [t for t, _ in transport.started] == ["", "b1"] and held.agent is None

@@ -97,34 +97,66 @@ def remote_options(tmp_path: Path, **more: object) -> RemoteOptions:
 # --- the lever -----------------------------------------------------------------------------------
 
 
+async def one_batch(machine: Machine, folder: Path, command: str = "echo batch") -> str:
+    """One job's batch through ``run_batch``; what the job printed."""
+    summary = await run_batch(
+        [Job("a", command, 1)], [machine],
+        BatchOptions(needs=Needs(cpus=0.01, memory_mb=1, gpus=0, gpu_memory_mb=0), gpus_explicit=True,
+                     copy_forwards=(), results_dir=folder, base_dir=folder.parent, probe_interval=3600),
+        out=None, err=None,
+    )
+    assert summary.outcomes["a"].ok
+    return (folder / "a.out").read_text()
+
+
+def one_agent(host: Host) -> int:
+    """The one agent on the host, once there is one and only one (a spare starts after a batch)."""
+    wait_until(lambda: len(agents(host)) == 1, "one agent on the host")
+    [pid] = agents(host)
+    return pid
+
+
 async def test_commands_in_a_row_share_one_connection_and_one_agent(cluster4: Cluster, hub: Path, tmp_path: Path) -> None:
     host = cluster4.hosts[0]
     machine = machine_of(host)
     before = opens(host)
     assert await hostname(machine) == host.name  # cold: the hub starts and connects
     assert await hostname(machine) == host.name  # warm
-    summary = await run_batch(
-        [Job("a", "echo batch", 1)], [machine],
-        BatchOptions(needs=Needs(cpus=0.01, memory_mb=1, gpus=0, gpu_memory_mb=0), gpus_explicit=True,
-                     copy_forwards=(), results_dir=tmp_path / "batch", base_dir=tmp_path, probe_interval=3600),
-        out=None, err=None,
-    )
-    assert summary.outcomes["a"].ok
+    assert agents(host) == set()  # execute_to runs no agent, and leaves no spare
+    assert await one_batch(machine, tmp_path / "batch") == "batch\n"
     report = await check_host(machine)
     assert report.ok, report.problems
-    assert agents(host) == set()  # the batch's agent (its token its own) ended with the batch
+    spare = one_agent(host)  # the batch's own ended with it; a spare waits for the next
 
     assert await execute_remote(machine, "echo one", remote_options(tmp_path), stdout=(), stderr=()) == 0
-    kept = agents(host)
-    assert len(kept) == 1  # the agent stays for the next command...
+    assert agents(host) == {spare}  # the agent stays for the next command...
     assert await execute_remote(machine, "exit 3", remote_options(tmp_path), stdout=(), stderr=()) == 3
-    assert agents(host) == kept  # ...which used it: no second agent started
+    assert agents(host) == {spare}  # ...which used it: no second agent started
     assert (tmp_path / "job_results").is_dir()
 
     assert opens(host) - before == 1  # one SSH connection for all six commands
     [state] = hub_status()
     [held] = state["held"]
     assert (held["name"], held["uses"], held["agent"]) == (host.name, 6, True)
+
+
+async def test_a_batch_adopts_the_spare_agent_the_batch_before_left(cluster4: Cluster, hub: Path, tmp_path: Path) -> None:
+    host = cluster4.hosts[2]
+    machine = machine_of(host)
+    before = opens(host)
+    # $PPID of a job is the agent that started it.
+    first = int(await one_batch(machine, tmp_path / "b1", "echo $PPID"))
+    spare = one_agent(host)
+    assert spare != first  # the first batch's agent ended with it
+    assert int(await one_batch(machine, tmp_path / "b2", "echo $PPID")) == spare  # adopted
+    after = one_agent(host)
+    assert after != spare  # the adopted one ended with its batch; a new spare waits
+    # A spare an execute_remote used in between (its job ended and was removed) is adopted too.
+    assert await execute_remote(machine, "true", remote_options(tmp_path), stdout=(), stderr=()) == 0
+    assert agents(host) == {after}
+    assert int(await one_batch(machine, tmp_path / "b3", "echo $PPID")) == after
+    assert after not in agents(host)
+    assert opens(host) - before == 1  # all on one connection
 
 
 async def test_what_goes_through_the_hub_is_what_a_direct_connection_does(cluster4: Cluster, hub: Path, tmp_path: Path) -> None:

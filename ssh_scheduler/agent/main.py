@@ -83,6 +83,8 @@ class Agent(JobSupervision, FileOperations):
         self.sweep_handle = None
         self.zombies = []
         self.trust = None  # which cache entries hashed true (G.CacheTrust), at the first "have"
+        self.server = None  # the reattachment socket's server, once the agent has a token
+        self.sock_name = None
 
     # -- plumbing ---------------------------------------------------------------------------------
     def send(self, message):
@@ -112,9 +114,9 @@ class Agent(JobSupervision, FileOperations):
 
     async def serve(self, sock_path):
         loop = asyncio.get_event_loop()
-        server = None
         if sock_path:
-            server = await start_unix_server(self, sock_path)
+            self.server = await start_unix_server(self, sock_path)
+            self.sock_name = sock_path
         self.kill_orphans()
         reader = asyncio.StreamReader(limit=1 << 26)
         try:
@@ -138,10 +140,10 @@ class Agent(JobSupervision, FileOperations):
         if self.tasks:  # requests that came before "bye" (a last remove, say) still run,
             await asyncio.wait(list(self.tasks), timeout=2.0)  # but a hung probe cannot hold us
         self.end_all()
-        if server is not None:
-            server.close()
+        if self.server is not None:
+            self.server.close()
             try:
-                os.unlink(sock_path)
+                os.unlink(self.sock_name)
             except OSError:
                 pass
 
@@ -218,6 +220,25 @@ class Agent(JobSupervision, FileOperations):
 
     async def op_ping(self, req):
         pass
+
+    async def op_adopt(self, req):
+        """Take batch ``req.token`` as ours, as main() does for an agent started with it."""
+        name = req.token + ".sock"
+        if not G.TOKEN.match(req.token):
+            why = "batch token %r is not a plain name" % req.token[:80]
+        elif self.server is not None or self.jobs:
+            why = "this agent already serves a batch, or holds jobs"
+        elif os.path.lexists(name):
+            # Its agent may run (connecting to ask would take it from its coordinator): a
+            # fresh start with the token relays to it, or replaces a dead one's socket.
+            why = "the socket of this batch's agent exists"
+        else:
+            why = None
+            self.token = req.token
+            self.server = await start_unix_server(self, name)
+            self.sock_name = name
+            self.kill_orphans()  # what a killed agent of the token left, as a fresh start does
+        self.send(P.AdoptReply(id=req.id, ok=why is None, why=why or ""))
 
     def op_bye(self, req):
         """Orderly end (called in line: nothing after it on this connection is read)."""

@@ -121,6 +121,23 @@ class Ping(Request):
     TAG = "ping"
 
 
+class AdoptReply(Reply):
+    TAG = "adopt"
+    ok: bool
+    why: str = ""  # when not ok: why this agent cannot be the batch's (its caller starts one)
+
+
+class Adopt(Request):
+    """Become the agent of batch ``token``, as if started with it: its reattachment socket, its
+    jobs' process tags, what a lapsed lease sweeps.  Asked of an agent started without a token
+    that holds no job (the hub's spare, transport/hub_agent.py); refused otherwise, and when the
+    socket of that token is there (a coordinator coming back reaches the agent behind it)."""
+
+    TAG = "adopt"
+    REPLY = AdoptReply
+    token: str
+
+
 class ProbeReply(Reply):
     TAG = "probe"
     out: str

@@ -16,6 +16,13 @@ seen) -- so the next client can never receive an earlier client's answer.  Meanw
 renews the agent's lease (the client's ``hello`` set it), and the next client's ``hello`` takes
 the agent over.  A client that vanishes without ``bye`` (killed) leaves the agent as a lost
 coordinator does: its channel closed, its jobs kept for the lease and then killed (agent/main.py).
+
+A batch gets the start saved too, without sharing: after a batch the hub starts a spare agent
+without a token (hub_pool.py), and the next batch's session has it adopt the batch's token
+(:meth:`AgentLink.adopt`, P.Adopt) before the session begins.  The agent then is what one started
+with that token is, and ends with the batch.  Only a token-less agent holding no job adopts (every
+job an earlier session ran ended and was removed: it was kept); one that finds the batch's socket
+there (a coordinator coming back, reaching its old agent) refuses, and a fresh one is started.
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ log = logging.getLogger(__name__)
 QUIET_WAIT = 2.0
 """Seconds a session's last answers may take after its ``bye``; still unanswered then, the agent
 is closed rather than kept."""
+ADOPT_WAIT = 5.0
+"""Seconds a spare may take to answer an adoption before it is closed and another started."""
 END_WAIT = 5.0
 """Seconds an agent may take to exit after the end of its input (the session's close waits as
 long) before its channel is closed under it."""
@@ -60,6 +69,7 @@ class AgentLink:
         self._quiet.set()
         self._lease = 60.0
         self._pinger: asyncio.Task[None] | None = None
+        self._adopted: asyncio.Future[bool] | None = None
         self._reader = asyncio.create_task(self._read_agent(), name="hub agent reader")
 
     @property
@@ -89,6 +99,8 @@ class AgentLink:
         except Exception as exc:  # the channel broke: like an exit, without details
             log.debug("agent output ended: %s", exc)
         self.ended = True
+        if self._adopted is not None and not self._adopted.done():
+            self._adopted.set_result(False)
         if self._pinger is not None:
             self._pinger.cancel()
         status, stderr = await self.agent.exit_details()
@@ -108,6 +120,11 @@ class AgentLink:
         with contextlib.suppress(ValueError):
             message = json.loads(line)
             if isinstance(message, dict):
+                adopted = self._adopted
+                if adopted is not None and message.get("id") == 0 and message.get("ev") in (P.AdoptReply.TAG, P.Error.TAG):
+                    if not adopted.done():
+                        adopted.set_result(message.get("ok") is True)
+                    return
                 if isinstance(message.get("id"), int):
                     self._pending_ids.discard(message["id"])
                 if message.get("ev") in (P.Exit.TAG, P.Error.TAG) and message.get("id") is None:
@@ -185,6 +202,31 @@ class AgentLink:
         else:
             self.client = writer  # its exit details go to this client
         await self.close(bye=said_bye)
+
+    def park(self) -> None:
+        """Keep it for a client to come (a spare, never served): its lease renewed meanwhile."""
+        if self._pinger is None and not self.ended:
+            self._pinger = asyncio.create_task(self._renew_lease(), name="hub agent lease")
+
+    async def adopt(self, token: str) -> bool:
+        """Have this kept agent become batch ``token``'s (P.Adopt, answered under id 0: no
+        client is attached, and a client's ids start at 1).  True: it is that batch's now, relayed
+        as any batch's agent, never kept again; False: the caller closes it and starts one."""
+        if not self.kept or not self.keepable:
+            return False
+        self._adopted = asyncio.get_running_loop().create_future()
+        try:
+            self.agent.write(P.Adopt(id=0, token=token).encode())
+            await self.agent.drain()
+            ok = await asyncio.wait_for(asyncio.shield(self._adopted), ADOPT_WAIT)
+        except Exception as exc:  # the channel broke, or no answer in time
+            log.debug("a spare agent was not adopted: %s", exc)
+            ok = False
+        finally:
+            self._adopted = None
+        if ok:
+            self.keepable = False  # relayed byte for byte from now on, and ended with the batch
+        return ok
 
     async def _settled(self) -> bool:
         try:

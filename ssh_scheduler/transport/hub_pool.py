@@ -14,6 +14,11 @@ what has changed is never lent again, and is closed; so is one of a machine (the
 the same file) that now connects another way: its config changed.  The host is asked for an answer before a
 connection is lent (:meth:`SSHTransport.answers`): a host that crashed or was cut off while held
 costs a short wait and a fresh connection, which then fails as a direct one would.
+
+A connection keeps at most one agent between clients (:meth:`Pool.agent_for`): the one a
+token-less session left, or a spare started without a token when a batch gave the connection
+back (:meth:`Pool.start_spare`), for the next batch to adopt (hub_agent.py).  Either ends with
+the connection; a spare costs the host one idle python3 for as long as the connection is kept.
 """
 
 from __future__ import annotations
@@ -97,6 +102,8 @@ class Held:
     uses: int = 0
     lent: bool = False
     agent: AgentLink | None = None
+    spare: asyncio.Task[None] | None = None
+    """A spare agent being started (start_spare)."""
     _timer: asyncio.TimerHandle | None = None
 
     @property
@@ -110,6 +117,10 @@ class Held:
         except Exception as exc:
             log.debug("%s: cannot check its files (%s): not reused", self.machine.name, exc)
             return False
+
+    def lose_agent(self, gone: AgentLink) -> None:
+        if self.agent is gone:
+            self.agent = None
 
     def kept_agent(self, workdir: str) -> AgentLink | None:
         if self.agent is not None and self.agent.kept and self.agent.workdir == workdir:
@@ -180,6 +191,53 @@ class Pool:
         watcher.add_done_callback(self._closing.discard)
         return held, False
 
+    async def agent_for(self, held: Held, token: str) -> tuple[AgentLink, bool]:
+        """The agent of a client's session on ``held``, and whether it was warm: the kept one
+        (for a batch ``token``, once it adopted it), else one started now (raising what
+        starting one raises).  A kept agent no use to this client is closed: not one more."""
+        workdir = held.machine.workdir
+        if held.spare is not None:  # nearly there: cheaper to wait than to start a second
+            with contextlib.suppress(Exception):
+                await asyncio.shield(held.spare)
+        link = held.kept_agent(workdir)
+        if link is not None and token:
+            if await link.adopt(token):
+                held.agent = None  # the batch's now: ends with it
+                return link, True
+            link = None
+        if link is not None:
+            return link, True
+        if held.agent is not None and held.agent.kept:
+            kept, held.agent = held.agent, None
+            await kept.close()
+        agent = await held.transport.start_agent(token)
+        keepable = not token and held.agent is None
+        link = AgentLink(agent, workdir, keepable=keepable, on_end=held.lose_agent)
+        if keepable:
+            held.agent = link
+        return link, False
+
+    def start_spare(self, held: Held) -> None:
+        """After a batch: an agent started without a token, kept on ``held`` for the next
+        batch to adopt (its start is most of a warm batch's wait for its first job)."""
+        if held in self.held and not held.lent and held.agent is None and held.spare is None:
+            held.spare = asyncio.get_running_loop().create_task(self._spare(held), name="hub spare agent")
+
+    async def _spare(self, held: Held) -> None:
+        try:
+            agent = await held.transport.start_agent("")
+        except Exception as exc:  # the next batch starts its own, as without a spare
+            log.debug("%s: no spare agent: %s", held.machine.name, exc)
+            return
+        finally:
+            held.spare = None
+        link = AgentLink(agent, held.machine.workdir, keepable=True, on_end=held.lose_agent)
+        if held in self.held and held.agent is None:
+            held.agent = link
+            link.park()
+        else:  # the connection went meanwhile, or a client left an agent of its own
+            await link.close()
+
     def give_back(self, held: Held, keep: float, *, usable: bool) -> None:
         """The client is done with it: warm for ``keep`` seconds, or closed."""
         held.lent = False
@@ -226,6 +284,10 @@ class Pool:
         first; else (the host no longer answers) the connection goes at once, and the agent's
         channel with it."""
         self._forget(held)
+        if held.spare is not None:
+            held.spare.cancel()
+            with contextlib.suppress(BaseException):
+                await held.spare
         agent, held.agent = held.agent, None
         if agent is not None and orderly:
             await agent.close()

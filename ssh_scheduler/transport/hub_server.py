@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ssh_scheduler.errors import ConnectionLostError, SchedulerError
-from ssh_scheduler.transport.hub_agent import AgentLink
 from ssh_scheduler.transport.hub_place import hub_key, lock_path, private_folder, socket_path
 from ssh_scheduler.transport.hub_pool import Held, Pool
 from ssh_scheduler.transport.hub_wire import (
@@ -81,6 +80,8 @@ class Lease:
     """False once a file transfer was cut off midway (an SFTP session in an unknown state)."""
     clean: bool = False
     """The client said goodbye (a client that vanished, killed, leaves nothing to reuse)."""
+    batch: bool = False
+    """A batch's agent ran on it: a spare is started for the next batch when it is given back."""
 
 
 class Hub:
@@ -269,6 +270,8 @@ class Hub:
             lease.usable = False
             task.cancel()
         self.pool.give_back(lease.held, lease.keep, usable=lease.usable and lease.clean)
+        if lease.batch and not self.stopping:
+            self.pool.start_spare(lease.held)
 
     async def _while_there(
         self, lease: Lease, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, work: Awaitable[T], *, transfer: bool = False
@@ -314,30 +317,13 @@ class Hub:
 
     async def _agent(self, request: dict[str, Any], fds: list[int], reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         lease = self._lease(request)
-        held = lease.held
         token = str(request.get("token") or "")
-        workdir = held.machine.workdir
-        link = held.kept_agent(workdir) if not token else None
-        if link is None and held.agent is not None and held.agent.kept:
-            # Not for this client (a batch's token, another work root): not one more channel.
-            kept, held.agent = held.agent, None
-            await kept.close()
-        warm = link is not None
-        if link is None:
-            try:
-                agent = await held.transport.start_agent(token)
-            except Exception as exc:
-                writer.write(reply_line({"ok": False, **error_json(exc)}))
-                return
-            keepable = not token and held.agent is None
-
-            def ended(gone: AgentLink) -> None:
-                if held.agent is gone:
-                    held.agent = None
-
-            link = AgentLink(agent, workdir, keepable=keepable, on_end=ended)
-            if keepable:
-                held.agent = link
+        lease.batch = lease.batch or bool(token)
+        try:
+            link, warm = await self.pool.agent_for(lease.held, token)
+        except Exception as exc:
+            writer.write(reply_line({"ok": False, **error_json(exc)}))
+            return
         writer.write(reply_line({"ok": True, "warm": warm}))
         lease.streams.add(writer)
         task = asyncio.ensure_future(link.serve(reader, writer))
