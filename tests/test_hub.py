@@ -452,3 +452,18 @@ async def test_a_refused_spare_is_closed_and_the_batch_gets_an_agent_of_its_own(
     await answering
     assert not warm and batch is not link and spare.closed  # no second agent left beside it
     assert [t for t, _ in transport.started] == ["", "b1"] and held.agent is None
+
+
+async def test_no_spare_where_the_host_allows_two_sessions() -> None:
+    transport = SpareTransport()
+    transport.machine = dataclasses.replace(MACHINE, max_sessions=2)  # the agent's and the file channel's
+    pool = Pool()
+    held = Held("k", transport, (), (), "", lent=False)  # type: ignore[arg-type]
+    pool.held.append(held)
+    pool.start_spare(held)
+    assert held.spare is None and transport.started == []
+    transport.machine = dataclasses.replace(MACHINE, max_sessions=3)
+    pool.start_spare(held)
+    assert held.spare is not None
+    await held.spare
+    assert held.agent is not None and held.agent.kept and [t for t, _ in transport.started] == [""]

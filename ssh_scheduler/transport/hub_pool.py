@@ -220,7 +220,10 @@ class Pool:
     def start_spare(self, held: Held) -> None:
         """After a batch: an agent started without a token, kept on ``held`` for the next
         batch to adopt (its start is most of a warm batch's wait for its first job)."""
-        if held in self.held and not held.lent and held.agent is None and held.spare is None:
+        # A host allowing 2 sessions has none for a spare beside the file channel: an
+        # execute_to on this connection would be refused its channel.
+        roomy = held.machine.max_sessions >= 3
+        if roomy and held in self.held and not held.lent and held.agent is None and held.spare is None:
             held.spare = asyncio.get_running_loop().create_task(self._spare(held), name="hub spare agent")
 
     async def _spare(self, held: Held) -> None:
