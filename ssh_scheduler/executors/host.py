@@ -7,6 +7,7 @@ content-addressed cache and results come back checked (:mod:`ssh_scheduler.execu
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
@@ -171,14 +172,28 @@ async def open_executor(
             "the host's sshd_config and max_sessions: 2 or more in the machine YAML"
         )
     transport = await _connect(machine, accept_new, keepalive, connecting)
+    # The file channel opens while the hello is answered (a round trip, the probe): after the
+    # agent's channel, so a MaxSessions 1 host still refuses the file channel, said as such.
+    files: asyncio.Future[None] | None = None
+
+    def hello_sent() -> None:
+        nonlocal files
+        files = asyncio.ensure_future(transport.open_file_channel())
+        if on_hello_sent is not None:
+            on_hello_sent()
+
     session = HostSession(
         transport, lease=lease, token=token, first_probe=PROBE_COMMAND if probe_first else None,
-        on_hello_sent=on_hello_sent,
+        on_hello_sent=hello_sent,
     )
     try:
         await session.__aenter__()
-        await transport.open_file_channel()
+        await (files if files is not None else transport.open_file_channel())
     except BaseException:
+        if files is not None:  # ended, its outcome taken (the session's failure is said)
+            files.cancel()
+            with contextlib.suppress(BaseException):
+                await files
         with contextlib.suppress(Exception):
             await session.close()
         with contextlib.suppress(Exception):
