@@ -165,14 +165,18 @@ def test_every_tool_runs_in_every_round_peers_included(monkeypatch: pytest.Monke
         for name, kind in (("ours", "ssh_scheduler"), ("pdsh", "peer"), ("floor", "floor"))
     ]
     scenario = records.Scenario("x", "made up", [records.Group([t]) for t in tools])
+    settled: list[int] = []
     bench = SimpleNamespace(
         args=SimpleNamespace(rounds=3, profile=False), cluster=None, gpu_cluster=None,
         rundir=lambda sid, tool: Path(tempfile.mkdtemp(dir=tmp_path)),
+        settle=lambda: settled.append(len(settled)) or 0.25,
     )  # fmt: skip
     runner.run_scenario(bench, scenario)
     assert {t.name: [r.round_no for r in t.runs] for t in tools} == {
         "ours": [0, 1, 2], "pdsh": [0, 1, 2], "floor": [0, 1, 2]
     }  # fmt: skip
+    # Each run is followed by a wait for the hub's spares: none lands in the next tool's time.
+    assert len(settled) == 9 and all(r.extra["hub_settled_after_s"] == 0.25 for t in tools for r in t.runs)
 
 
 def test_a_target_holds_only_if_its_worst_round_does(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -177,6 +177,17 @@ class Bench:
         hosts = ",".join(f"{cluster[n].user}@{cluster[n].ip}" for n in names)
         return Cmd(["pdsh", "-R", "ssh", "-f", str(fanout), "-w", hosts, command], cwd, env=env)
 
+    def settle(self) -> float:
+        """Wait (up to 30 s) until this user's hub starts no spare agent: the spares a batch
+        leaves are started after it ended, and that work must not land in the next tool's
+        measurement (a peer's, measured next).  Returns the seconds waited."""
+        began = time.monotonic()
+        while time.monotonic() - began < 30 and any(
+            held.get("spare_starting") for hub in hub_status() for held in hub.get("held", ())
+        ):
+            time.sleep(0.02)
+        return time.monotonic() - began
+
     def make_cold(self, cluster: Cluster | None = None, names: Sequence[str] | None = None) -> int:
         """End every SSH connection something still holds open to these hosts (a hub keeping
         them warm for the next command), from the host's side: the login user's processes

@@ -27,6 +27,7 @@ def run_scenario(bench: Bench, s: Scenario) -> None:
                         cwd = bench.rundir(s.sid, tool.name)
                         cmd = tool.prepare(cwd)
                         run = run_cmd(cmd, clusters=(bench.cluster, bench.gpu_cluster))
+                        run.extra["hub_settled_after_s"] = round(bench.settle(), 3)
                         run.round_no = r
                         tool.verify(cmd, run)
                         tool.runs.append(run)

@@ -38,7 +38,7 @@ def hub_lines(hubs: list[dict[str, Any]]) -> list[str]:
                 how = f"idle {h.get('idle_s'):g} s, closes in {left:.0f} s"
             else:
                 how = "in use"
-            agent = ", agent kept" if h.get("agent") else ""
+            agent = ", agent kept" if h.get("agent") else ", agent starting" if h.get("spare_starting") else ""
             lines.append(f"  {h.get('name')} ({user}{h.get('host')}{port}): {how}{agent}; used {h.get('uses')} times")
     for pid in running_launchers():
         lines.append(f"warm starts: launcher pid {pid} (commands start in a copy of it, everything loaded; it ends with the hub)")

@@ -136,6 +136,7 @@ class Held:
             "idle_s": round(now - self.idle_since, 1) if self.idle_since is not None and not self.lent else None,
             "keep_s": self.keep, "age_s": round(now - self.made, 1), "uses": self.uses,
             "agent": self.agent is not None and self.agent.kept,
+            "spare_starting": self.spare is not None,
         }
 
 
