@@ -159,6 +159,26 @@ async def test_a_batch_adopts_the_spare_agent_the_batch_before_left(cluster4: Cl
     assert opens(host) - before == 1  # all on one connection
 
 
+def held_state(name: str) -> dict[str, object]:
+    [state] = hub_status()
+    return next(h for h in state["held"] if h["name"] == name)
+
+
+async def test_spares_start_once_no_command_holds_a_connection(cluster4: Cluster, hub: Path, tmp_path: Path) -> None:
+    host, other = cluster4.hosts[3], cluster4.hosts[1]
+    busy = await connect(machine_of(other))  # another command, still at work
+    try:
+        await one_batch(machine_of(host), tmp_path / "b")
+        wait_until(lambda: held_state(host.name)["state"] == "idle", "the batch gave its connection back")
+        # Starting agents now would delay what that command waits for: not yet.
+        assert held_state(host.name)["spare_starting"] is False and held_state(host.name)["agent"] is False
+        assert agents(host) == set()
+    finally:
+        await busy.close()
+    wait_until(lambda: held_state(host.name)["agent"] is True, "the spare started once nobody held a connection")
+    assert len(agents(host)) == 1
+
+
 async def test_what_goes_through_the_hub_is_what_a_direct_connection_does(cluster4: Cluster, hub: Path, tmp_path: Path) -> None:
     host = cluster4.hosts[1]
     warm, direct = machine_of(host), machine_of(host, keep_warm=0.0)

@@ -89,6 +89,7 @@ class Hub:
         self.path = path
         self._lock: int | None = lock
         self.pool = Pool()
+        self._spares: list[Held] = []  # a batch gave them back: their spares start once no client holds any
         self.leases: dict[str, Lease] = {}
         self.clients = 0
         self.last_activity = time.monotonic()
@@ -270,8 +271,15 @@ class Hub:
             lease.usable = False
             task.cancel()
         self.pool.give_back(lease.held, lease.keep, usable=lease.usable and lease.clean)
-        if lease.batch and not self.stopping:
-            self.pool.start_spare(lease.held)
+        if lease.batch:
+            self._spares.append(lease.held)
+        # Not while a client still holds a connection: starting agents here (channels, their
+        # code sent) would delay what it waits for, the end of its other hosts' sessions.
+        if not self.leases and not self.stopping:
+            for held in self._spares:
+                self.pool.start_spare(held)
+        if not self.leases:
+            self._spares.clear()
 
     async def _while_there(
         self, lease: Lease, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, work: Awaitable[T], *, transfer: bool = False
