@@ -36,6 +36,7 @@ from ssh_scheduler.transport.hub_place import (
     private_folder,
     socket_path,
 )
+from ssh_scheduler.transport import hub_pool
 from ssh_scheduler.transport.hub_pool import Held, Pool, identity, key_files
 from ssh_scheduler.transport.hub_wire import (
     END,
@@ -468,3 +469,44 @@ async def test_no_spare_where_the_host_allows_two_sessions() -> None:
     await held.spare
     assert held.agent is not None and held.agent.kept and [t for t, _ in transport.started] == [""]
     assert held.describe()["spare_starting"] is False and held.describe()["agent"] is True
+
+
+class StuckSpareTransport(SpareTransport):
+    """A spare's start that never ends (a channel nobody answers); other starts as usual."""
+
+    async def start_agent(self, token: str) -> AgentProcess:
+        if not token:
+            await asyncio.Event().wait()
+        return await super().start_agent(token)
+
+
+async def test_a_spare_that_never_starts_keeps_no_session_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hub_pool, "SPARE_WAIT", 0.2)
+    transport = StuckSpareTransport()
+    pool = Pool()
+    held = Held("k", transport, (), (), "", lent=False)  # type: ignore[arg-type]
+    pool.held.append(held)
+    pool.start_spare(held)
+    link, warm = await asyncio.wait_for(pool.agent_for(held, "b1"), 10)  # the test's own bound
+    assert not warm and [t for t, _ in transport.started] == ["b1"]
+    assert held.spare is not None
+    held.spare.cancel()
+
+
+async def test_a_spare_goes_to_one_session_of_two_asking_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hub_agent, "ADOPT_WAIT", 2.0)
+    transport = SpareTransport()
+    pool = Pool()
+    held = Held("k", transport, (), (), "", lent=False)  # type: ignore[arg-type]
+    pool.held.append(held)
+    pool.start_spare(held)
+    assert held.spare is not None
+    await held.spare
+    spare = transport.started[0][1]
+    first, second, _ = await asyncio.gather(
+        pool.agent_for(held, "b1"), pool.agent_for(held, "b2"),
+        answer_adoption(spare, line(P.AdoptReply(id=0, ok=True))),
+    )
+    assert first[1] is True and second[1] is False and first[0] is not second[0]
+    assert [r["op"] for r in spare.requests()] == ["adopt"]  # asked once: never of two sessions
+    assert [t for t, _ in transport.started] == ["", "b2"]

@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 
 ANSWER_TIMEOUT = 2.0
 """Seconds a held connection's host has to answer before the connection is given up."""
+SPARE_WAIT = 10.0
+"""Seconds a session waits for a spare agent still starting before it starts one of its own."""
 PER_USE = ("name", "source", "workdir", "env", "setup", "slurm", "connect_timeout", "keep_warm")
 """Machine fields that say how a connection is used, not how it is made."""
 
@@ -104,6 +106,8 @@ class Held:
     agent: AgentLink | None = None
     spare: asyncio.Task[None] | None = None
     """A spare agent being started (start_spare)."""
+    choosing: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock, repr=False)
+    """Held while a session's agent is chosen: a kept agent goes to one session only."""
     _timer: asyncio.TimerHandle | None = None
 
     @property
@@ -196,10 +200,13 @@ class Pool:
         """The agent of a client's session on ``held``, and whether it was warm: the kept one
         (for a batch ``token``, once it adopted it), else one started now (raising what
         starting one raises).  A kept agent no use to this client is closed: not one more."""
+        async with held.choosing:
+            return await self._agent_for(held, token)
+
+    async def _agent_for(self, held: Held, token: str) -> tuple[AgentLink, bool]:
         workdir = held.machine.workdir
-        if held.spare is not None:  # nearly there: cheaper to wait than to start a second
-            with contextlib.suppress(Exception):
-                await asyncio.shield(held.spare)
+        if held.spare is not None:  # nearly there: cheaper to wait than to start a second...
+            await asyncio.wait({held.spare}, timeout=SPARE_WAIT)  # ...but not for one stuck
         link = held.kept_agent(workdir)
         if link is not None and token:
             if await link.adopt(token):
