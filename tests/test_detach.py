@@ -349,6 +349,9 @@ def _read_until(master: int, wanted: bytes, limit: float = 60) -> bytes:
 
 def _controlling_terminal() -> None:
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)  # after setsid: the pty on stdin becomes our terminal
+    # A login's shell has SIGHUP's default action, whatever this test runs under (nohup, a CI
+    # runner that ignores it): the hang-up below must end the terminal's session as it would.
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 @pytest.mark.slow
@@ -362,14 +365,19 @@ def test_the_batch_outlives_the_terminal_session_that_started_it(tmp_path: Path)
         start_new_session=True, preexec_fn=_controlling_terminal,
     )
     os.close(slave)
-    seen = _read_until(master, b"returned")
-    assert b"returned 0" in seen, seen
-    pid = coordinator_pid(tmp_path)
-    assert proc_stat(pid)[3] != str(shell.pid)  # not in the terminal's session
-    os.close(master)  # the SSH session ends: the terminal hangs up, its session gets SIGHUP
-    assert shell.wait(timeout=30) == -signal.SIGHUP
-    os.kill(pid, 0)  # the coordinator did not go with it
-    gate.touch()
+    try:
+        seen = _read_until(master, b"returned")
+        assert b"returned 0" in seen, seen
+        pid = coordinator_pid(tmp_path)
+        assert proc_stat(pid)[3] != str(shell.pid)  # not in the terminal's session
+        os.close(master)  # the SSH session ends: the terminal hangs up, its session gets SIGHUP
+        assert shell.wait(timeout=30) == -signal.SIGHUP
+        os.kill(pid, 0)  # the coordinator did not go with it
+    finally:
+        gate.touch()  # the job ends whatever failed above: nothing polls on after the test
+        if shell.poll() is None:
+            shell.kill()
+            shell.wait()
     assert gone(pid)
     assert (tmp_path / "job_results" / "b.sh.1.out").read_text() == "passed\n"
 
