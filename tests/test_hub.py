@@ -22,7 +22,7 @@ from ssh_scheduler.errors import AuthenticationError, ConfigError, ConnectionLos
 from ssh_scheduler.machines.config import load_machine
 from ssh_scheduler.machines.machine import Machine, with_keep_warm
 from ssh_scheduler.machines.slurm import SlurmSettings
-from ssh_scheduler.transport import hub_agent
+from ssh_scheduler.transport import hub_agent, hub_pool
 from ssh_scheduler.transport.base import AgentProcess, SizeLimitExceeded
 from ssh_scheduler.transport.hub_agent import AgentLink
 from ssh_scheduler.transport.hub_client import (
@@ -36,7 +36,6 @@ from ssh_scheduler.transport.hub_place import (
     private_folder,
     socket_path,
 )
-from ssh_scheduler.transport import hub_pool
 from ssh_scheduler.transport.hub_pool import Held, Pool, identity, key_files
 from ssh_scheduler.transport.hub_wire import (
     END,
@@ -437,12 +436,18 @@ class SpareTransport:
         return agent.process()
 
 
-async def test_a_refused_spare_is_closed_and_the_batch_gets_an_agent_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hub_agent, "ADOPT_WAIT", 0.5)
-    transport = SpareTransport()
+def pool_holding(transport: SpareTransport) -> tuple[Pool, Held]:
+    """A pool with one idle connection over ``transport``."""
     pool = Pool()
     held = Held("k", transport, (), (), "", lent=False)  # type: ignore[arg-type]
     pool.held.append(held)
+    return pool, held
+
+
+async def test_a_refused_spare_is_closed_and_the_batch_gets_an_agent_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hub_agent, "ADOPT_WAIT", 0.5)
+    transport = SpareTransport()
+    pool, held = pool_holding(transport)
     pool.start_spare(held)
     link, warm = await pool.agent_for(held, "")  # a token-less session waits for it, and has it
     assert warm and held.agent is link and [t for t, _ in transport.started] == [""]
@@ -458,9 +463,7 @@ async def test_a_refused_spare_is_closed_and_the_batch_gets_an_agent_of_its_own(
 async def test_no_spare_where_the_host_allows_two_sessions() -> None:
     transport = SpareTransport()
     transport.machine = dataclasses.replace(MACHINE, max_sessions=2)  # the agent's and the file channel's
-    pool = Pool()
-    held = Held("k", transport, (), (), "", lent=False)  # type: ignore[arg-type]
-    pool.held.append(held)
+    pool, held = pool_holding(transport)
     pool.start_spare(held)
     assert held.spare is None and transport.started == []
     transport.machine = dataclasses.replace(MACHINE, max_sessions=3)
@@ -483,11 +486,9 @@ class StuckSpareTransport(SpareTransport):
 async def test_a_spare_that_never_starts_keeps_no_session_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hub_pool, "SPARE_WAIT", 0.2)
     transport = StuckSpareTransport()
-    pool = Pool()
-    held = Held("k", transport, (), (), "", lent=False)  # type: ignore[arg-type]
-    pool.held.append(held)
+    pool, held = pool_holding(transport)
     pool.start_spare(held)
-    link, warm = await asyncio.wait_for(pool.agent_for(held, "b1"), 10)  # the test's own bound
+    _, warm = await asyncio.wait_for(pool.agent_for(held, "b1"), 10)  # the test's own bound
     assert not warm and [t for t, _ in transport.started] == ["b1"]
     assert held.spare is not None
     held.spare.cancel()
@@ -496,9 +497,7 @@ async def test_a_spare_that_never_starts_keeps_no_session_waiting(monkeypatch: p
 async def test_a_spare_goes_to_one_session_of_two_asking_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hub_agent, "ADOPT_WAIT", 2.0)
     transport = SpareTransport()
-    pool = Pool()
-    held = Held("k", transport, (), (), "", lent=False)  # type: ignore[arg-type]
-    pool.held.append(held)
+    pool, held = pool_holding(transport)
     pool.start_spare(held)
     assert held.spare is not None
     await held.spare
