@@ -22,10 +22,11 @@ from ssh_scheduler.errors import AuthenticationError, ConfigError, ConnectionLos
 from ssh_scheduler.machines.config import load_machine
 from ssh_scheduler.machines.machine import Machine, with_keep_warm
 from ssh_scheduler.machines.slurm import SlurmSettings
-from ssh_scheduler.transport import hub_agent, hub_pool
+from ssh_scheduler.transport import hub_agent, hub_client, hub_pool
 from ssh_scheduler.transport.base import AgentProcess, SizeLimitExceeded
 from ssh_scheduler.transport.hub_agent import AgentLink
 from ssh_scheduler.transport.hub_client import (
+    HubTransport,
     hub_status,
     keep_warm_of,
     open_via_hub,
@@ -509,3 +510,29 @@ async def test_a_spare_goes_to_one_session_of_two_asking_at_once(monkeypatch: py
     assert first[1] is True and second[1] is False and first[0] is not second[0]
     assert [r["op"] for r in spare.requests()] == ["adopt"]  # asked once: never of two sessions
     assert [t for t, _ in transport.started] == ["", "b2"]
+
+
+async def test_a_hub_that_never_answers_a_request_for_an_agent_loses_the_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(hub_client, "AGENT_REPLY_TIMEOUT", 0.3)
+    asked: list[bytes] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        asked.append(await reader.readline())  # takes the request, and never says a word
+        await asyncio.sleep(3600)
+
+    path = tmp_path / "own"
+    server = await asyncio.start_unix_server(silent, path=str(path))
+    a, b = socket.socketpair()
+    lease = await asyncio.open_unix_connection(sock=a)
+    transport = HubTransport(MACHINE, path, "lease-1", *lease, warm=True)
+    try:
+        with pytest.raises(ConnectionLostError, match=r"no answer to agent within 0\.3 s"):
+            await asyncio.wait_for(transport.start_agent("b1"), 10)  # the test's own bound
+        assert json.loads(asked[0])["op"] == "agent"
+    finally:
+        await transport.close()
+        lease[1].close()
+        b.close()
+        server.close()

@@ -75,6 +75,10 @@ START_TIMEOUT = 20.0
 """Seconds a starting hub may take to listen (python3 and asyncssh to import, on a busy host)."""
 REACH_TIMEOUT = 5.0
 """Seconds to reach a running hub's socket."""
+AGENT_REPLY_TIMEOUT = 60.0
+"""Seconds the hub has to answer a request for an agent.  Its longest path (a spare waited for,
+its adoption refused, a kept agent closed, an agent started) takes well under half of it; past
+it the connection is lost, as with a host that stops answering, rather than waited for."""
 SUPPORTED = sys.platform == "linux"
 """Peer credentials (SO_PEERCRED) and /proc/self/fd: elsewhere every command connects directly."""
 _borrowed: set[Path] = set()
@@ -306,9 +310,10 @@ class HubTransport:
         return ConnectionLostError(f"{describe(self.machine)}: {self._lost or f'the connection hub is gone ({what})'}")
 
     async def _request(
-        self, request: dict[str, Any], fds: tuple[int, ...] = ()
+        self, request: dict[str, Any], fds: tuple[int, ...] = (), within: float | None = None
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, dict[str, Any]]:
-        """One operation's connection to the hub, its request sent and the reply read; raises
+        """One operation's connection to the hub, its request sent and the reply read (within
+        ``within`` seconds, where the operation's reply does not wait for a transfer); raises
         the operation's own error (as the hub met it) or ConnectionLostError."""
         if self._lost is not None:
             raise self._gone("")
@@ -324,7 +329,10 @@ class HubTransport:
             raise self._gone(exc) from None
         self._streams.add(writer)
         try:
-            reply = json.loads(await reader.readline() or b"null")
+            reply = json.loads(await asyncio.wait_for(reader.readline(), within) or b"null")
+        except TimeoutError:
+            self._close_stream(writer)
+            raise self._gone(f"no answer to {request.get('op')} within {within:g} s") from None
         except (OSError, ValueError) as exc:
             self._close_stream(writer)
             raise self._gone(exc) from None
@@ -341,7 +349,7 @@ class HubTransport:
         writer.close()
 
     async def start_agent(self, token: str = "") -> AgentProcess:
-        reader, writer, _ = await self._request({"op": "agent", "token": token})
+        reader, writer, _ = await self._request({"op": "agent", "token": token}, within=AGENT_REPLY_TIMEOUT)
         stream = _AgentStream(reader, self)
         details: asyncio.Future[tuple[int | None, str]] = stream.details
 
