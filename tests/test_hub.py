@@ -517,10 +517,12 @@ async def test_a_hub_that_never_answers_a_request_for_an_agent_loses_the_host(
 ) -> None:
     monkeypatch.setattr(hub_client, "AGENT_REPLY_TIMEOUT", 0.3)
     asked: list[bytes] = []
+    done = asyncio.Event()
 
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         asked.append(await reader.readline())  # takes the request, and never says a word
-        await asyncio.sleep(3600)
+        await done.wait()
+        writer.close()
 
     path = tmp_path / "own"
     server = await asyncio.start_unix_server(silent, path=str(path))
@@ -532,7 +534,9 @@ async def test_a_hub_that_never_answers_a_request_for_an_agent_loses_the_host(
             await asyncio.wait_for(transport.start_agent("b1"), 10)  # the test's own bound
         assert json.loads(asked[0])["op"] == "agent"
     finally:
+        done.set()
         await transport.close()
         lease[1].close()
         b.close()
         server.close()
+        await server.wait_closed()

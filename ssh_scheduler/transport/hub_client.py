@@ -76,9 +76,8 @@ START_TIMEOUT = 20.0
 REACH_TIMEOUT = 5.0
 """Seconds to reach a running hub's socket."""
 AGENT_REPLY_TIMEOUT = 60.0
-"""Seconds the hub has to answer a request for an agent.  Its longest path (a spare waited for,
-its adoption refused, a kept agent closed, an agent started) takes well under half of it; past
-it the connection is lost, as with a host that stops answering, rather than waited for."""
+"""Seconds the hub has to answer a request for an agent (its longest path takes well under half
+of it: a spare waited for, refused, a kept agent closed, one started); past it, the host is lost."""
 SUPPORTED = sys.platform == "linux"
 """Peer credentials (SO_PEERCRED) and /proc/self/fd: elsewhere every command connects directly."""
 _borrowed: set[Path] = set()
@@ -275,8 +274,7 @@ class HubTransport:
         self, machine: Machine, path: Path, lease: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, warm: bool
     ) -> None:
         self.machine = machine
-        self.warm = warm
-        """The connection was already open (an earlier command's)."""
+        self.warm = warm  # the connection was already open (an earlier command's)
         self.bytes_sent = 0
         self.bytes_received = 0
         self._path = path
@@ -312,9 +310,8 @@ class HubTransport:
     async def _request(
         self, request: dict[str, Any], fds: tuple[int, ...] = (), within: float | None = None
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, dict[str, Any]]:
-        """One operation's connection to the hub, its request sent and the reply read (within
-        ``within`` seconds, where the operation's reply does not wait for a transfer); raises
-        the operation's own error (as the hub met it) or ConnectionLostError."""
+        """One operation's connection to the hub, its request sent and the reply read (``within``:
+        a bound, where no transfer comes first); raises its own error or ConnectionLostError."""
         if self._lost is not None:
             raise self._gone("")
         try:
@@ -330,14 +327,12 @@ class HubTransport:
         self._streams.add(writer)
         try:
             reply = json.loads(await asyncio.wait_for(reader.readline(), within) or b"null")
-        except TimeoutError:
+        except BaseException as exc:
             self._close_stream(writer)
-            raise self._gone(f"no answer to {request.get('op')} within {within:g} s") from None
-        except (OSError, ValueError) as exc:
-            self._close_stream(writer)
-            raise self._gone(exc) from None
-        except BaseException:
-            self._close_stream(writer)
+            if isinstance(exc, TimeoutError):
+                raise self._gone(f"no answer to {request.get('op')} within {within:g} s") from None
+            if isinstance(exc, OSError | ValueError):
+                raise self._gone(exc) from None
             raise
         if not isinstance(reply, dict) or not reply.get("ok"):
             self._close_stream(writer)
@@ -428,8 +423,7 @@ class HubTransport:
 
 
 class _AgentStream:
-    """The agent's stdout out of the hub's frames (``read`` as a stream's); its exit details
-    arrive at the end."""
+    """The agent's stdout out of the hub's frames (``read`` as a stream's), then its exit details."""
 
     def __init__(self, reader: asyncio.StreamReader, transport: HubTransport) -> None:
         self._reader = reader
