@@ -115,8 +115,7 @@ class Agent(JobSupervision, FileOperations):
     async def serve(self, sock_path):
         loop = asyncio.get_event_loop()
         if sock_path:
-            self.server = await start_unix_server(self, sock_path)
-            self.sock_name = sock_path
+            await self.listen(sock_path)
         self.kill_orphans()
         reader = asyncio.StreamReader(limit=1 << 26)
         try:
@@ -221,6 +220,11 @@ class Agent(JobSupervision, FileOperations):
     async def op_ping(self, req):
         pass
 
+    async def listen(self, name):
+        """The batch's reattachment socket (relay.py), removed when we end (serve)."""
+        self.server = await start_unix_server(self, name)
+        self.sock_name = name
+
     async def op_adopt(self, req):
         """Take batch ``req.token`` as ours, as main() does for an agent started with it."""
         name = req.token + ".sock"
@@ -235,8 +239,7 @@ class Agent(JobSupervision, FileOperations):
         else:
             why = None
             self.token = req.token
-            self.server = await start_unix_server(self, name)
-            self.sock_name = name
+            await self.listen(name)
             self.kill_orphans()  # what a killed agent of the token left, as a fresh start does
         self.send(P.AdoptReply(id=req.id, ok=why is None, why=why or ""))
 

@@ -275,10 +275,9 @@ class Hub:
             self._spares.append(lease.held)
         # Not while a client still holds a connection: starting agents here (channels, their
         # code sent) would delay what it waits for, the end of its other hosts' sessions.
-        if not self.leases and not self.stopping:
-            for held in self._spares:
-                self.pool.start_spare(held)
         if not self.leases:
+            for held in self._spares if not self.stopping else ():
+                self.pool.start_spare(held)
             self._spares.clear()
 
     async def _while_there(
