@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from ssh_scheduler.cli.launch import connects
-from ssh_scheduler.cli.warm_place import launcher_key
+from ssh_scheduler.cli.warm_place import launcher_key, loading_launchers, running_launchers
 from ssh_scheduler.transport import hub_client, hub_place
 from ssh_scheduler.transport.hub_place import (
     KEEP_WARM_VARIABLE,
@@ -42,7 +42,7 @@ from tests.live_batch import alive, wait_until
 BIN = Path(sys.executable).parent
 # The interpreter the console scripts run (their first line): part of the launcher's key.
 SCRIPT_PYTHON = (BIN / "execute_remote").read_text().splitlines()[0].removeprefix("#!").strip()
-KEY_OF = "from ssh_scheduler.cli.warm_place import launcher_key; from ssh_scheduler.transport.hub_place import hub_key; print(launcher_key(), hub_key())"
+KEY_OF = "from ssh_scheduler.cli.warm_place import launcher_key, loading_launchers, running_launchers; from ssh_scheduler.transport.hub_place import hub_key; print(launcher_key(), hub_key())"
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the launcher needs Linux (SO_PEERCRED, pidfd)")
 
@@ -133,9 +133,11 @@ def test_a_command_handed_over_is_the_command_run_in_its_own_process(warm: Warm,
         assert (tmp_path / "job_results" / f"{name}.err").read_text() == "err\n"
 
 
-def test_a_command_waits_for_a_launcher_that_is_loading(warm: Warm, tmp_path: Path) -> None:
+def test_a_command_waits_for_a_launcher_that_is_loading(warm: Warm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The command right after the one that started a launcher finds it loading (lock taken, no
-    socket yet) and waits for it rather than load everything itself."""
+    socket yet) and waits for it rather than load everything itself.  (The benchmark waits for
+    the same state to pass, loading_launchers, before it measures the next tool.)"""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(warm.runtime))
     with open(warm.log, "ab") as log:
         warm.process = subprocess.Popen(
             [SCRIPT_PYTHON, "-m", "ssh_scheduler.cli.launcher"], env=warm.env, stdout=log, stderr=log,
@@ -143,10 +145,14 @@ def test_a_command_waits_for_a_launcher_that_is_loading(warm: Warm, tmp_path: Pa
         )
     lock = warm.socket.with_suffix(".lock")
     wait_until(lambda: lock.exists() and lock.read_text().strip() == str(warm.process.pid), "the launcher holds its lock")
+    loading = loading_launchers()
     assert not warm.ready()  # still loading
+    if not warm.socket.exists():  # not listening after the look, so not during it either
+        assert loading == [warm.process.pid]
     done = warm.run("echo waited", cwd=tmp_path)
     assert (done.returncode, done.stdout) == (0, "waited\n")
     assert len(warm.launched()) == 1
+    assert loading_launchers() == [] and running_launchers() == [warm.process.pid]
 
 
 def test_a_command_whose_caller_gave_up_is_never_run_twice(warm: Warm, tmp_path: Path) -> None:
@@ -321,6 +327,35 @@ def test_a_warm_command_leaves_a_launcher_the_next_starts_in_and_it_ends_with_th
         shutil.rmtree(runtime, ignore_errors=True)
 
 
+def test_a_command_through_the_hub_starts_its_launcher_as_it_ends_not_while_it_runs(cluster4: object, tmp_path: Path) -> None:
+    """The launcher loads (~0.3 s of CPU) after the command, not beside its start: on 2 cores
+    that was a cold command's time.  While the first command runs (through the hub) no launcher
+    exists; once it ended, one loads and listens."""
+    host = cluster4.hosts[1]  # type: ignore[attr-defined]
+    runtime = Path(tempfile.mkdtemp(prefix="lch-", dir="/tmp"))
+    warm = Warm(runtime, fake_hub=False)
+    warm.env[KEEP_WARM_VARIABLE] = "60"
+    lock = warm.socket.with_suffix(".lock")
+    try:
+        command = subprocess.Popen(
+            [str(BIN / "execute_remote"), "--machine", str(host.machine_file), "echo begun; sleep 2; echo over"],
+            env=warm.env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        try:
+            assert command.stdout is not None
+            assert command.stdout.readline() == "begun\n"  # connected through the hub, running there
+            assert warm.hub.exists() and not lock.exists() and not warm.socket.exists()
+            out, err = command.communicate(timeout=120)
+        finally:
+            if command.poll() is None:
+                command.kill()
+        assert (command.returncode, out, err) == (0, "over\n", "")
+        wait_until(warm.socket.exists, "the launcher the command started as it ended listens")
+    finally:
+        subprocess.run([str(BIN / "ssh-scheduler"), "hub", "stop"], env=warm.env, capture_output=True, timeout=60)
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
 def test_the_thin_start_loads_none_of_the_commands() -> None:
     loaded = subprocess.run(
         [SCRIPT_PYTHON, "-c", "import sys, ssh_scheduler.cli.launch; print(' '.join(sorted(sys.modules)))"],
@@ -341,11 +376,11 @@ def test_the_thin_start_loads_none_of_the_commands() -> None:
 def test_the_key_differs_with_what_a_command_would_not_share() -> None:
     assert launcher_key() == launcher_key()
     nice = subprocess.run(
-        [SCRIPT_PYTHON, "-c", "import os; os.nice(2); from ssh_scheduler.cli.warm_place import launcher_key; print(launcher_key())"],
+        [SCRIPT_PYTHON, "-c", "import os; os.nice(2); from ssh_scheduler.cli.warm_place import launcher_key, loading_launchers, running_launchers; print(launcher_key())"],
         capture_output=True, text=True, check=True,
     ).stdout.strip()
     same = subprocess.run(
-        [SCRIPT_PYTHON, "-c", "from ssh_scheduler.cli.warm_place import launcher_key; print(launcher_key())"],
+        [SCRIPT_PYTHON, "-c", "from ssh_scheduler.cli.warm_place import launcher_key, loading_launchers, running_launchers; print(launcher_key())"],
         capture_output=True, text=True, check=True,
     ).stdout.strip()
     assert nice != same

@@ -22,7 +22,7 @@ from bench_kex import matched
 
 from bench_driver.base import PY, REPO, VENV_BIN, log
 from bench_driver.measure import Cmd, host_tcp
-from ssh_scheduler.cli.warm_place import running_launchers
+from ssh_scheduler.cli.warm_place import loading_launchers, running_launchers
 from ssh_scheduler.transport.hub_client import hub_status
 from tests.cluster import Cluster, GpuSpec, HostSpec, start_cluster
 
@@ -178,12 +178,14 @@ class Bench:
         return Cmd(["pdsh", "-R", "ssh", "-f", str(fanout), "-w", hosts, command], cwd, env=env)
 
     def settle(self) -> float:
-        """Wait (up to 30 s) until this user's hub starts no spare agent: the spares a batch
-        leaves are started after it ended, and that work must not land in the next tool's
-        measurement (a peer's, measured next).  Returns the seconds waited."""
+        """Wait (up to 30 s) until this user's hub starts no spare agent and no launcher of
+        ours is still loading: the spares a batch leaves are started after it ended, a command
+        that used the hub starts its launcher as it ends, and that work must not land in the
+        next tool's measurement (a peer's, measured next).  Returns the seconds waited."""
         began = time.monotonic()
-        while time.monotonic() - began < 30 and any(
-            held.get("spare_starting") for hub in hub_status() for held in hub.get("held", ())
+        while time.monotonic() - began < 30 and (
+            any(held.get("spare_starting") for hub in hub_status() for held in hub.get("held", ()))
+            or loading_launchers()
         ):
             time.sleep(0.02)
         return time.monotonic() - began

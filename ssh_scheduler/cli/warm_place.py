@@ -105,12 +105,21 @@ def wanted() -> bool:
 
 def running_launchers() -> list[int]:
     """The pids of this user's launchers that run now (any key: every version, every context)."""
+    return [pid for pid, _lock in _held_locks()]
+
+
+def loading_launchers() -> list[int]:
+    """The pids of this user's launchers that run but do not listen yet (still loading)."""
+    return [pid for pid, lock in _held_locks() if not lock.with_suffix(".sock").exists()]
+
+
+def _held_locks() -> list[tuple[int, Path]]:
     try:
         folder = private_folder(create=False)
         locks = sorted(folder.glob(f"{PREFIX}*.lock"))
     except (HubUnusable, OSError):
         return []
-    pids = []
+    held = []
     for lock in locks:
         try:
             fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
@@ -120,11 +129,11 @@ def running_launchers() -> list[int]:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:  # held: its launcher runs
             with contextlib.suppress(ValueError, OSError):
-                pids.append(int(os.read(fd, 32).split()[0]))
+                held.append((int(os.read(fd, 32).split()[0]), lock))
         else:
             fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
-    return pids
+    return held
 
 
