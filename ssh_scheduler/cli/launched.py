@@ -20,6 +20,7 @@ import resource
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from ssh_scheduler.cli.warm_place import RLIMITS, STREAMS, entry_function
@@ -78,18 +79,28 @@ def text_stream(fd: int, spec: dict[str, Any]) -> io.TextIOWrapper:
     )
 
 
-def run_command(entry: str) -> NoReturn:
+def run_command(entry: str, after: Callable[[], object] | None = None) -> NoReturn:
+    """Run the command ``entry`` and end this process as its interpreter would end (``after``:
+    once it has, what else to do before the process goes)."""
     from ssh_scheduler.cli import main as commands
 
+    interrupted = False
     try:
         entry_function(commands, entry)()
         code = 0
     except SystemExit as exc:
         code = exit_status(exc)
-    except BaseException:
+    except BaseException as exc:
         sys.excepthook(*sys.exc_info())
-        code = 1
-    os._exit(finish(code))
+        code, interrupted = 1, isinstance(exc, KeyboardInterrupt)
+    code = finish(code)
+    if after is not None:
+        with contextlib.suppress(Exception):
+            after()
+    if interrupted:  # python ends of an uncaught Ctrl-C by SIGINT, so its caller knows (a shell's 130)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(code)
 
 
 def exit_status(exc: SystemExit) -> int:
