@@ -28,7 +28,14 @@ from pathlib import Path
 import pytest
 
 from ssh_scheduler.cli.launch import connects
-from ssh_scheduler.cli.warm_place import launcher_key, loading_launchers, running_launchers
+from ssh_scheduler.cli.warm_place import (
+    READY,
+    claim,
+    launcher_key,
+    launcher_path,
+    loading_launchers,
+    running_launchers,
+)
 from ssh_scheduler.transport import hub_client, hub_place
 from ssh_scheduler.transport.hub_place import (
     KEEP_WARM_VARIABLE,
@@ -42,7 +49,7 @@ from tests.live_batch import alive, wait_until
 BIN = Path(sys.executable).parent
 # The interpreter the console scripts run (their first line): part of the launcher's key.
 SCRIPT_PYTHON = (BIN / "execute_remote").read_text().splitlines()[0].removeprefix("#!").strip()
-KEY_OF = "from ssh_scheduler.cli.warm_place import launcher_key, loading_launchers, running_launchers; from ssh_scheduler.transport.hub_place import hub_key; print(launcher_key(), hub_key())"
+KEY_OF = "from ssh_scheduler.cli.warm_place import READY, claim, launcher_key, launcher_path, loading_launchers, running_launchers; from ssh_scheduler.transport.hub_place import hub_key; print(launcher_key(), hub_key())"
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the launcher needs Linux (SO_PEERCRED, pidfd)")
 
@@ -147,7 +154,7 @@ def test_a_command_waits_for_a_launcher_that_is_loading(warm: Warm, tmp_path: Pa
     wait_until(lambda: lock.exists() and lock.read_text().strip() == str(warm.process.pid), "the launcher holds its lock")
     loading = loading_launchers()
     assert not warm.ready()  # still loading
-    if not warm.socket.exists():  # not listening after the look, so not during it either
+    if READY not in lock.read_bytes():  # not loaded after the look, so not during it either
         assert loading == [warm.process.pid]
     done = warm.run("echo waited", cwd=tmp_path)
     assert (done.returncode, done.stdout) == (0, "waited\n")
@@ -312,7 +319,7 @@ def test_a_warm_command_leaves_a_launcher_the_next_starts_in_and_it_ends_with_th
                 assert warm.launched() == [] and warm.hub.exists()
                 wait_until(warm.socket.exists, "the first command's launcher listens")
         assert len(warm.launched()) == 1  # the second started in it
-        [pid] = [int(warm.socket.with_suffix(".lock").read_text())]
+        pid = int(warm.socket.with_suffix(".lock").read_text().split()[0])
         # It borrowed its connection from the hub: the launcher never loaded asyncssh (whose
         # cryptography is a shared library in its memory map), which a cold command's start
         # would have paid for beside it.
@@ -350,10 +357,38 @@ def test_a_command_through_the_hub_starts_its_launcher_as_it_ends_not_while_it_r
             if command.poll() is None:
                 command.kill()
         assert (command.returncode, out, err) == (0, "over\n", "")
-        wait_until(warm.socket.exists, "the launcher the command started as it ended listens")
+        # Listening (its socket claimed by the command, handed over) before the command ended:
+        # the next command, however soon, finds it -- loading, or ready.
+        assert warm.socket.exists() and lock.read_bytes().split()[0].isdigit()
+        done = warm.run("hostname", "--machine", str(host.machine_file), cwd=tmp_path)
+        assert (done.returncode, done.stdout) == (0, f"{host.name}\n")
+        assert len(warm.launched()) == 1
     finally:
         subprocess.run([str(BIN / "ssh-scheduler"), "hub", "stop"], env=warm.env, capture_output=True, timeout=60)
         shutil.rmtree(runtime, ignore_errors=True)
+
+
+def test_a_launcher_never_serves_a_place_claimed_for_another_key(warm: Warm, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a command claims and hands over (claim) is for that command's key: a launcher of
+    another key (another python, flags, environment...) handed it refuses it, and removes the
+    socket, whose lock it holds, so no command of that key waits there for nobody."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(warm.runtime))
+    other = launcher_path(warm.folder, "0123456789abcdef0123")
+    place = claim(other)
+    assert place is not None and other.exists()
+    lock, listener = place
+    args = ["--lock-fd", str(lock), "--listen-fd", str(listener.fileno()), "--key", "0123456789abcdef0123"]
+    with open(warm.log, "ab") as log:
+        process = subprocess.Popen(
+            [SCRIPT_PYTHON, "-m", "ssh_scheduler.cli.launcher", *args], env=warm.env, stdout=log, stderr=log,
+            stdin=subprocess.DEVNULL, cwd="/", pass_fds=(lock, listener.fileno()), start_new_session=True,
+        )
+    listener.close()
+    os.close(lock)
+    assert process.wait(60) == 0
+    assert "handed a place for another key" in warm.log.read_text()
+    assert not other.exists() and not warm.socket.exists()
+    assert running_launchers() == []
 
 
 def test_the_thin_start_loads_none_of_the_commands() -> None:
@@ -376,11 +411,11 @@ def test_the_thin_start_loads_none_of_the_commands() -> None:
 def test_the_key_differs_with_what_a_command_would_not_share() -> None:
     assert launcher_key() == launcher_key()
     nice = subprocess.run(
-        [SCRIPT_PYTHON, "-c", "import os; os.nice(2); from ssh_scheduler.cli.warm_place import launcher_key, loading_launchers, running_launchers; print(launcher_key())"],
+        [SCRIPT_PYTHON, "-c", "import os; os.nice(2); from ssh_scheduler.cli.warm_place import READY, claim, launcher_key, launcher_path, loading_launchers, running_launchers; print(launcher_key())"],
         capture_output=True, text=True, check=True,
     ).stdout.strip()
     same = subprocess.run(
-        [SCRIPT_PYTHON, "-c", "from ssh_scheduler.cli.warm_place import launcher_key, loading_launchers, running_launchers; print(launcher_key())"],
+        [SCRIPT_PYTHON, "-c", "from ssh_scheduler.cli.warm_place import READY, claim, launcher_key, launcher_path, loading_launchers, running_launchers; print(launcher_key())"],
         capture_output=True, text=True, check=True,
     ).stdout.strip()
     assert nice != same

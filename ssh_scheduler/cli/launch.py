@@ -33,6 +33,8 @@ from ssh_scheduler.cli.warm_place import (
     READY_WAIT,
     RLIMITS,
     STREAMS,
+    claim,
+    launcher_key,
     launcher_path,
     wanted,
 )
@@ -285,9 +287,20 @@ def start_beside_hub() -> None:
     loads in the background; this command does not wait for it)."""
     try:
         folder = private_folder(create=True)
-        path = launcher_path(folder)
-        if not path.exists():
-            spawn_detached("ssh_scheduler.cli.launcher", [], path.with_suffix(".log"))
+        key = launcher_key()
+        path = launcher_path(folder, key)
+        place = claim(path)  # listening from now on: the next command finds it, loading or not
+        if place is None:  # one runs
+            return
+        lock, listener = place
+        try:
+            fds = (lock, listener.fileno())
+            args = ["--lock-fd", str(lock), "--listen-fd", str(listener.fileno()), "--key", key]
+            started = spawn_detached("ssh_scheduler.cli.launcher", args, path.with_suffix(".log"), fds)
+            os.pwrite(lock, f"{started.pid}\n".encode(), 0)  # (what it writes there itself)
+        finally:
+            listener.close()
+            os.close(lock)
     except (HubUnusable, OSError) as exc:
         import logging  # (only here: the thin start stays small)
 

@@ -23,7 +23,6 @@ Run as ``python -m ssh_scheduler.cli.launcher`` (by :func:`start_beside_hub` onl
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import gc
 import importlib
 import json
@@ -48,7 +47,9 @@ from ssh_scheduler.cli.warm_place import (
     GO,
     HEADER,
     MAX_REQUEST,
+    READY,
     RLIMITS,
+    claim,
     launcher_key,
     launcher_path,
 )
@@ -59,7 +60,7 @@ from ssh_scheduler.transport.hub_place import (
     private_folder,
     socket_path,
 )
-from ssh_scheduler.transport.unix_socket import peer_uid, reachable
+from ssh_scheduler.transport.unix_socket import peer_uid
 
 log = logging.getLogger(__name__)
 
@@ -114,23 +115,13 @@ def serve() -> str | None:
         return None
     key = launcher_key()
     path = launcher_path(folder, key)
-    lock = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:  # another launcher of this key runs
-        os.close(lock)
+    place = handed_over(path, sys.argv[1:]) if len(sys.argv) > 1 else claim(path)
+    if place is None:  # another launcher of this key runs (or what was handed over is not ours)
         return None
+    lock, listener = place
     os.ftruncate(lock, 0)
+    os.lseek(lock, 0, os.SEEK_SET)  # (a descriptor handed over may be past what its claimer wrote)
     os.write(lock, f"{os.getpid()}\n".encode())
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)  # a dead launcher's (we hold the lock: no live one serves it)
-    # Listening before loading: a command that comes meanwhile waits in the backlog (its
-    # caller waits for "ready" a bounded time) rather than polling for the socket.
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    with reachable(path) as where:
-        listener.bind(where)
-    os.chmod(path, 0o600)
-    listener.listen(64)
     launcher = Launcher(path, socket_path(folder), idle_seconds(), listener, lock, os.stat(path).st_ino)
     log.info("launcher %s loading (pid %d)", path.name, os.getpid())
     preload()
@@ -147,6 +138,7 @@ def serve() -> str | None:
             raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, on_term)
+    os.write(lock, READY)  # (loading_launchers: the benchmark waits for it)
     log.info("launcher ready")
     while True:
         for selected, _ in launcher.selector.select(TICK):
@@ -166,6 +158,27 @@ def serve() -> str | None:
         if not launcher.running and should_end(launcher):
             close(launcher)
             return None
+
+
+def handed_over(path: Path, args: list[str]) -> tuple[int, socket.socket] | None:
+    """The lock and listening socket the command that started us claimed for us (claim; their
+    descriptors and the key they are for in ``args``), or None: handed over for another key
+    than ours (another context), they are not ours to serve, and nobody's once we end."""
+    if len(args) != 6 or args[0::2] != ["--lock-fd", "--listen-fd", "--key"]:
+        log.warning("no launcher: arguments not understood: %s", args)
+        return None
+    lock, listen, key = int(args[1]), int(args[3]), args[5]
+    listener = socket.socket(fileno=listen)
+    if path != launcher_path(path.parent, key):
+        log.warning("no launcher: handed a place for another key (%s)", key)
+        with contextlib.suppress(OSError):
+            os.unlink(launcher_path(path.parent, key))  # we hold its lock: no launcher serves it
+        listener.close()
+        os.close(lock)
+        return None
+    os.set_inheritable(lock, False)
+    listener.set_inheritable(False)
+    return lock, listener
 
 
 def idle_seconds() -> float:

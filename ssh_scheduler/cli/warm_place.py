@@ -1,7 +1,8 @@
 """What the thin start (launch.py), the warm launcher (launcher.py), its copies (launched.py) and
 ``status`` share about warm starts: which launcher a process may use (its key and socket), what a
-request carries, and which launchers run.  The standard library and ``transport.hub_place`` only:
-the thin start imports it before anything else.
+request carries, where one listens (:func:`claim`), and which launchers run.  The standard
+library, ``transport.hub_place`` and ``transport.unix_socket`` only: the thin start imports it
+before anything else.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import fcntl
 import hashlib
 import os
 import resource
+import socket
 import struct
 import sys
 from collections.abc import Callable
@@ -23,6 +25,7 @@ from ssh_scheduler.transport.hub_place import (
     keep_warm_seconds,
     private_folder,
 )
+from ssh_scheduler.transport.unix_socket import reachable
 
 TYPE_CHECKING = False  # the thin start imports this module: typing's own import costs it 2 ms
 if TYPE_CHECKING:
@@ -81,6 +84,37 @@ def launcher_path(folder: Path, key: str | None = None) -> Path:
     return folder / f"{PREFIX}{key or launcher_key()}.sock"
 
 
+READY = b"ready\n"
+"""What a launcher adds to its lock file once it has loaded everything (after its pid's line)."""
+
+
+def claim(path: Path) -> tuple[int, socket.socket] | None:
+    """The launcher's place at ``path``: its lock file's descriptor, locked, and its socket,
+    listening; None when a live launcher holds the lock.  Whoever claims it (a launcher, or the
+    command that starts one and hands both over) listens before the launcher loads: a command
+    that comes meanwhile waits in the backlog for "ready" instead of finding nobody there."""
+    lock = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:  # another launcher of this key runs
+        os.close(lock)
+        return None
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        os.ftruncate(lock, 0)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # a dead launcher's (we hold the lock: no live one serves it)
+        with reachable(path) as where:
+            listener.bind(where)
+        os.chmod(path, 0o600)
+        listener.listen(64)
+    except BaseException:
+        listener.close()
+        os.close(lock)
+        raise
+    return lock, listener
+
+
 def _read(path: str) -> str:
     try:
         with open(path, encoding="utf-8", errors="surrogateescape") as file:
@@ -105,15 +139,17 @@ def wanted() -> bool:
 
 def running_launchers() -> list[int]:
     """The pids of this user's launchers that run now (any key: every version, every context)."""
-    return [pid for pid, _lock in _held_locks()]
+    return [pid for pid, _said in _held_locks() if pid]
 
 
 def loading_launchers() -> list[int]:
-    """The pids of this user's launchers that run but do not listen yet (still loading)."""
-    return [pid for pid, lock in _held_locks() if not lock.with_suffix(".sock").exists()]
+    """The pids of this user's launchers that run but have not loaded everything yet (0: one
+    whose pid is not written yet)."""
+    return [pid for pid, said in _held_locks() if READY not in said]
 
 
-def _held_locks() -> list[tuple[int, Path]]:
+def _held_locks() -> list[tuple[int, bytes]]:
+    """(pid or 0, what its lock file says) of each launcher that runs."""
     try:
         folder = private_folder(create=False)
         locks = sorted(folder.glob(f"{PREFIX}*.lock"))
@@ -128,8 +164,11 @@ def _held_locks() -> list[tuple[int, Path]]:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:  # held: its launcher runs
-            with contextlib.suppress(ValueError, OSError):
-                held.append((int(os.read(fd, 32).split()[0]), lock))
+            said = b""
+            with contextlib.suppress(OSError):
+                said = os.read(fd, 64)
+            first = said.split()[:1]
+            held.append((int(first[0]) if first and first[0].isdigit() else 0, said))
         else:
             fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
