@@ -7,7 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ssh_scheduler.events import GpuReading, HostProbed
+TYPE_CHECKING = False  # the hub loads this module (a Machine's slurm settings name HostState)
+if TYPE_CHECKING:
+    from ssh_scheduler.events import HostProbed
 
 __all__ = ["GpuProcess", "GpuState", "HostState", "OwnUsage", "probed"]
 
@@ -78,6 +80,10 @@ class OwnUsage:
 def probed(host: str, state: HostState, own: Mapping[str, OwnUsage] | None = None) -> HostProbed:
     """The event that says a probe of ``host`` landed with ``state``; ``own`` (what our agent
     reported for our jobs: their pids) splits each GPU's memory into ours and everyone else's."""
+    # Here, not at the top: the hub, which connects and never reads a probe, loads this module,
+    # and the event stream's import was 10 ms of its start, on a cold command's path.
+    from ssh_scheduler.events import GpuReading, HostProbed
+
     ours_pids = {pid for usage in (own or {}).values() for pid in usage.pids}
     ours: dict[str, int] = {}
     for process in state.gpu_processes:
