@@ -21,9 +21,13 @@ _DEFAULT_FOLDERS = ("/lib64", "/usr/lib64", "/lib", "/usr/lib")
 
 
 def import_asyncssh() -> None:
-    """Import asyncssh once, looking up its optional native libraries the loader's way."""
+    """Import asyncssh once, looking up its optional native libraries the loader's way, and
+    without its X.509 certificates (RFC 6187; ``x509v3-*`` keys).  OpenSSH, whose configuration
+    and keys we follow (``ssh -G``), has none; loading cryptography's X.509 support for them was
+    12 ms of every connecting process's start (the hub's, on a cold command's path)."""
     if "asyncssh" in sys.modules:
         return
+    sys.modules.setdefault("asyncssh.crypto.x509", None)  # type: ignore[arg-type]  # (None: ImportError, which asyncssh treats as absent)
     by_cache = getattr(ctypes.util, "_findSoname_ldconfig", None)
     if sys.platform != "linux" or by_cache is None:
         import asyncssh  # elsewhere find_library is cheap, or its own
