@@ -36,8 +36,9 @@ from ssh_scheduler.machines.host_state import GpuProcess, GpuState, HostState, O
 from ssh_scheduler.results.batch_history import read_history
 from ssh_scheduler.results.event_log import EVENTS_NAME, EventLog, ProbeThinning
 from ssh_scheduler.results.results_table import ResultRow
+from ssh_scheduler.view.display import report_line
 from ssh_scheduler.view.report_data import report_data, visible
-from ssh_scheduler.view.report_page import embedded_json, render_page, report_line
+from ssh_scheduler.view.report_page import embedded_json, render_page
 
 REPO = Path(__file__).resolve().parents[1]
 T0 = 1_700_000_000.0
@@ -359,6 +360,13 @@ def test_the_page_is_self_contained_and_runs_only_its_own_script(tmp_path: Path)
 def test_the_summary_and_a_sweep_name_the_command_that_draws_the_report() -> None:
     assert report_line(Path("job_results")) == "  report: ssh-scheduler report  (one HTML page: timeline, GPUs, failures)"
     assert report_line(Path("runs/my results")).startswith("  report: ssh-scheduler report 'runs/my results'  (")
+    # Naming it does not load the page's module (html, hashing, templates): every batch ends so.
+    named = subprocess.run(
+        [sys.executable, "-c", "import sys; from pathlib import Path; from ssh_scheduler.view.display import summary_lines, report_line;"
+         " report_line(Path('x')); assert 'ssh_scheduler.view.report_page' not in sys.modules"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert named.returncode == 0, named.stderr
 
 
 def test_twenty_thousand_jobs_make_a_page_in_seconds(tmp_path: Path) -> None:

@@ -137,7 +137,7 @@ class SweepRun:
         finally:
             for job in self.owner:
                 self.gather(job)  # idempotent; catches any end whose line we did not see
-        from ssh_scheduler.view.report_page import report_line
+        from ssh_scheduler.view.display import report_line
 
         self.lines = [summary.describe() for summary in summaries]
         self.lines.append(report_line(Path(self.layout.results)))

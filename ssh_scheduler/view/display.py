@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,7 +20,7 @@ from ssh_scheduler.view.terminal import Printer, TerminalLines
 if TYPE_CHECKING:
     from ssh_scheduler.results.summary import BatchSummary
 
-__all__ = ["JsonLines", "plain_subscriber", "probed_line", "summary_lines", "wire_logging"]
+__all__ = ["JsonLines", "plain_subscriber", "probed_line", "report_line", "summary_lines", "wire_logging"]
 
 
 class JsonLines:
@@ -136,7 +137,13 @@ def summary_lines(summary: BatchSummary, results_dir: Path) -> list[str]:
             f"{len(summary.skipped_failed)} jobs failed in an earlier run and were skipped: {shown}{more}; "
             "rerun with --retry-failed to run them again"
         )
-    from ssh_scheduler.view.report_page import report_line
-
     lines.append(report_line(results_dir))
     return lines
+
+
+def report_line(results_dir: Path) -> str:
+    """The line a run ends with that names the command drawing it (the summary, the live
+    view's last screen, a detached run's exit record).  Here, not beside the page: loading the
+    page's module was 8 ms at the end of every batch."""
+    where = "" if results_dir == Path("job_results") else f" {shlex.quote(str(results_dir))}"
+    return f"  report: ssh-scheduler report{where}  (one HTML page: timeline, GPUs, failures)"

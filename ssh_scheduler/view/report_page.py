@@ -20,25 +20,17 @@ import html
 import json
 import os
 import re
-import shlex
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from ssh_scheduler.errors import ConfigError, plain_text
 
-__all__ = ["embedded_json", "render_page", "report_line", "write_page"]
+__all__ = ["embedded_json", "render_page", "write_page"]
 
 STATIC = Path(__file__).resolve().parent / "static"
 _SLOT = re.compile(r"\{\{(\w+)\}\}")
 _JSON_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"}
-
-
-def report_line(results_dir: Path) -> str:
-    """The line a run ends with that names the command drawing it (the summary, the live
-    view's last screen, a detached run's exit record)."""
-    where = "" if results_dir == Path("job_results") else f" {shlex.quote(str(results_dir))}"
-    return f"  report: ssh-scheduler report{where}  (one HTML page: timeline, GPUs, failures)"
 
 
 def _static(name: str) -> str:
