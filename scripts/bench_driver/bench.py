@@ -146,6 +146,11 @@ class Bench:
         the inodes freed then made that run's own files cost several times the CPU)."""
         for n in names:
             h = self.host(n)
+            # Nothing of ours may go on working in what is set aside: the hub's spare agent there
+            # holds the work root open (its descriptors follow the rename), so the next run would
+            # find the old cache.  The login user's processes end (the hub's connection too).
+            if h.init_pid:
+                h.kill_user_processes()
             trash = h.home / ".bench-trash"
             for path in (h.workdir, *(h.home / sub for sub in extra)):
                 if os.path.lexists(path):
