@@ -11,6 +11,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -148,9 +149,11 @@ class Bench:
             h = self.host(n)
             # Nothing of ours may go on working in what is set aside: the hub's spare agent there
             # holds the work root open (its descriptors follow the rename), so the next run would
-            # find the old cache.  The login user's processes end (the hub's connection too).
+            # find the old cache.  The login user's processes end, but not its sshd sessions:
+            # the hub's connection must not be left for the run measured next to find dead (a
+            # killed session's socket stays open in sshd's monitor: 2 s before it is given up).
             if h.init_pid:
-                h.kill_user_processes()
+                end_processes(h, but=("sshd",))
             trash = h.home / ".bench-trash"
             for path in (h.workdir, *(h.home / sub for sub in extra)):
                 if os.path.lexists(path):
@@ -261,6 +264,26 @@ class Bench:
                     log(f"cluster {c.cluster_id} removed in {time.monotonic() - t0:.1f} s")
         self.gpu_cluster = self.cluster = None
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def end_processes(host: Any, but: Sequence[str] = ()) -> None:
+    """SIGKILL the login user's processes on ``host`` (a namespaced test host) whose name is
+    not in ``but``, and wait until they are gone."""
+    doomed = []
+    for pid, _ in host.processes():
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != host.uid:
+                continue
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() in but:
+                    continue
+            os.kill(pid, signal.SIGKILL)
+            doomed.append(pid)
+        except (OSError, ProcessLookupError):
+            continue
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{pid}") for pid in doomed):
+        time.sleep(0.01)
 
 
 def export_ref(ref: str, dest: Path) -> Path:
