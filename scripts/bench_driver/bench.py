@@ -11,7 +11,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -153,7 +152,7 @@ class Bench:
             # the hub's connection must not be left for the run measured next to find dead (a
             # killed session's socket stays open in sshd's monitor: 2 s before it is given up).
             if h.init_pid:
-                end_processes(h, but=("sshd",))
+                h.kill_user_processes(keep=("sshd",))
             trash = h.home / ".bench-trash"
             for path in (h.workdir, *(h.home / sub for sub in extra)):
                 if os.path.lexists(path):
@@ -264,26 +263,6 @@ class Bench:
                     log(f"cluster {c.cluster_id} removed in {time.monotonic() - t0:.1f} s")
         self.gpu_cluster = self.cluster = None
         shutil.rmtree(self.root, ignore_errors=True)
-
-
-def end_processes(host: Any, but: Sequence[str] = ()) -> None:
-    """SIGKILL the login user's processes on ``host`` (a namespaced test host) whose name is
-    not in ``but``, and wait until they are gone."""
-    doomed = []
-    for pid, _ in host.processes():
-        try:
-            if os.stat(f"/proc/{pid}").st_uid != host.uid:
-                continue
-            with open(f"/proc/{pid}/comm") as f:
-                if f.read().strip() in but:
-                    continue
-            os.kill(pid, signal.SIGKILL)
-            doomed.append(pid)
-        except (OSError, ProcessLookupError):
-            continue
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{pid}") for pid in doomed):
-        time.sleep(0.01)
 
 
 def export_ref(ref: str, dest: Path) -> Path:

@@ -283,8 +283,9 @@ def _follow(sock: socket.socket, lines: _Lines) -> int:
 
 
 def start_beside_hub() -> None:
-    """For a command that goes to the hub: start a launcher when none runs for this key (it
-    loads in the background; this command does not wait for it)."""
+    """For a command that went to the hub, as it ends: start a launcher when none runs for this
+    key, its lock and socket claimed here and handed over (it loads in the background; this
+    command does not wait for it)."""
     try:
         folder = private_folder(create=True)
         key = launcher_key()

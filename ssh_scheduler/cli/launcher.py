@@ -13,7 +13,8 @@ copy runs (killed, its terminal closed) has its copy stopped (``SIGTERM``: the c
 clean stop, as for ``kill``).
 
 A command that ends after borrowing a warm connection starts a launcher when none runs
-(:func:`start_beside_hub`).  It ends when its hub does (the hub's socket is gone: idle, stopped,
+(:func:`start_beside_hub`): it claims the launcher's lock and socket first and hands both over
+(:func:`handed_over`), so the next command finds it at once, loading or ready.  It ends when its hub does (the hub's socket is gone: idle, stopped,
 or another version), after idling as long as a connection is kept warm, or when its own socket
 is taken from it; never while a copy of it runs.
 

@@ -1178,13 +1178,15 @@ exec {self.cluster.python} -IS '{base}/shared/host_init.py'
         return hold
 
     # ----- reset (used between tests sharing a cluster)
-    def kill_user_processes(self) -> None:
-        """SIGKILL every process of the login user on this host (sessions, jobs)."""
+    def kill_user_processes(self, keep: Sequence[str] = ()) -> None:
+        """SIGKILL every process of the login user on this host (sessions, jobs), but those
+        whose name (``comm``) is in ``keep``."""
         if self.cluster.namespaces:
             pids = [g for g, _ in self.processes() if _uid_of(g) == self.uid]
         else:
             root = self._sshd_nspid()
             pids = [p for p in self._loopback_pids() if p != root]
+        pids = [p for p in pids if _comm(p) not in keep] if keep else pids
         for p in pids:
             _kill(p, signal.SIGKILL)
         _wait_gone(pids, 5)
@@ -1522,6 +1524,14 @@ def _teardown(
             if proc.returncode != 0:
                 problems.append(f"ip link del {bridge}: {proc.stderr.strip()}")
     return problems
+
+
+def _comm(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return None
 
 
 def _uid_of(pid: int) -> int | None:
