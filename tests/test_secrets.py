@@ -6,14 +6,17 @@ gh, rclone and the shell histories.  Source code that merely names a key's heade
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import random
 from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from ssh_scheduler.jobs.forward import ForwardPolicy, Hasher, collect_forward
+from ssh_scheduler.jobs import forward
+from ssh_scheduler.jobs.forward import ForwardPolicy, Hasher, collect_forward, holds_key_text
 
 PEM = ec.generate_private_key(ec.SECP256R1()).private_bytes(
     serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
@@ -32,6 +35,12 @@ KEYS: dict[str, bytes] = {
     "bom.pem": b"\xef\xbb\xbf" + PEM.encode(),
     "utf16le.pem": PEM.encode("utf-16"),  # with its BOM
     "utf16be.txt": PEM.encode("utf-16-be"),
+    "utf32le.pem": PEM.encode("utf-32"),  # with its BOM
+    "utf32be.txt": PEM.encode("utf-32-be"),
+    # After binary bytes (a NUL among them), as a key pasted into a data file would stand.
+    "blob16.bin": b"\x00\x01\xff\xfe" * 8 + PEM.encode("utf-16-le"),
+    "blob32.bin": b"\x00\x01\xff\xfe" * 8 + PEM.encode("utf-32-be"),
+    "putty16.txt": PPK_LINES.encode("utf-16-le"),
     "pgp.asc": PGP.encode(),
     "pgp-indented.yaml": ("key: |\n" + "".join(f"  {line}\n" for line in PGP.splitlines())).encode(),
     "putty.json": json.dumps({"key": PPK_LINES}).encode(),
@@ -98,3 +107,44 @@ def test_a_named_key_file_in_json_is_refused_unless_allowed(tmp_path: Path) -> N
         collect_forward(("sa.json",), tmp_path, Hasher())
     allowed = collect_forward(("sa.json",), tmp_path, Hasher(), policy=ForwardPolicy(allow_secrets=True))
     assert [f.rel for f in allowed.files] == ["sa.json"]
+
+
+
+def _decoding_every_way(head: bytes) -> bool:
+    """The scan as it was before it looked for the letters first (the oracle): every wide
+    decoding tried, in order, the first that shows a word ending the scan."""
+    if forward._KEY_AT_LINE_START.search(head) or forward._KEY_ANYWHERE.search(head):
+        return True
+    for match in forward._BASE64_PEM.finditer(head):
+        chunk = match.group()[: len(match.group()) // 4 * 4]
+        with contextlib.suppress(ValueError):
+            if _decoding_every_way(base64.b64decode(chunk)):
+                return True
+    if b"\x00" in head:
+        for encoding in ("utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be"):
+            narrow = head.decode(encoding, "ignore").encode("utf-8", "ignore")
+            if b"-----BEGIN" in narrow or b"PuTTY" in narrow:
+                return _decoding_every_way(narrow)
+    return False
+
+
+def test_the_wide_scan_skips_a_decoding_only_where_it_could_not_find_a_key() -> None:
+    """Looking for the letters first changes no answer: binary data with and without a key in
+    each wide encoding, at either alignment, its letters split by units the decoding drops, and
+    random bytes: the same verdict as decoding every way."""
+    rng = random.Random(7)
+    pieces = [PEM, PGP, PPK_LINES, "-----BEGIN", "PuTTY", "-BEGIN PuTY", "no key here"]
+    heads = []
+    for _ in range(600):
+        text = rng.choice(pieces)
+        encoding = rng.choice(("utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be"))
+        wide = text.encode(encoding)
+        if rng.random() < 0.3 and encoding.startswith("utf-32"):
+            unit, bad = 4, b"\x7f\xff\xff\xff"[:: 1 if encoding.endswith("be") else -1]  # > U+10FFFF
+            wide = bad.join(wide[i : i + unit] for i in range(0, len(wide), unit))
+        noise = bytes(rng.randrange(256) for _ in range(rng.randrange(64))) + b"\x00"
+        heads.append(noise[: rng.randrange(len(noise) + 1)] + wide + noise)
+    heads += [bytes(rng.randrange(256) for _ in range(2000)) for _ in range(200)]
+    verdicts = [_decoding_every_way(head) for head in heads]
+    assert [holds_key_text(head) for head in heads] == verdicts
+    assert 100 < sum(verdicts) < len(heads) - 200  # keys found and missed alike
