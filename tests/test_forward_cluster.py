@@ -32,11 +32,14 @@ def run_batch(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def digests_on(host: Host) -> set[str]:
-    """The sha256 of every file under the host's work root."""
+    """The sha256 of every file under the host's work root, but the agent's own compiled code
+    (``code-*`` at its top, written by the first agent to start there, whichever test that is)."""
     found = set()
     for dirpath, _dirs, files in os.walk(host.workdir):
         for name in files:
             path = Path(dirpath) / name
+            if path.parent == Path(host.workdir) and name.startswith("code-"):
+                continue
             if path.is_file() and not path.is_symlink():
                 found.add(hashlib.sha256(path.read_bytes()).hexdigest())
     return found
