@@ -80,6 +80,9 @@ class FileOperations(object):
         trust = self.cache_trust()
         record = {}
         missing = []
+        # The folder of the previous file stays open: files come folder by folder (the walk's
+        # order), and opening each one's folders anew was most of a big tree's staging.
+        above, parent = None, -1
         try:
             for rel in dirs:
                 parts = R.names(rel)
@@ -87,19 +90,28 @@ class FileOperations(object):
                     raise ValueError("%r is not a path inside the job folder" % (rel,))
                 os.close(R.open_folder(folder, parts, create=True))
             for staged in files:
-                rel, key = "/".join(R.names(staged.rel) or ()), staged.key
+                parts, key = R.names(staged.rel), staged.key
+                if not parts:
+                    raise ValueError("%r is not a path inside the job folder" % (staged.rel,))
                 if not trust.usable(key):
                     missing.append(key)
                     continue
-                with R.At(folder, rel, create=True) as (parent, last):
-                    try:
-                        os.link(key, last, src_dir_fd=self.work.cache, dst_dir_fd=parent,
-                                follow_symlinks=False)
-                    except OSError:
-                        R.copy_file(self.work.cache, key, parent, last, 0o500 if key.endswith("-x") else 0o400)
-                    st = os.stat(last, dir_fd=parent, follow_symlinks=False)
-                record[rel] = (st.st_ino, st.st_mtime_ns, st.st_size, key)
+                if parts[:-1] != above:
+                    if parent >= 0:
+                        os.close(parent)
+                        parent = -1
+                    parent, above = R.open_folder(folder, parts[:-1], create=True), parts[:-1]
+                last = parts[-1]
+                try:
+                    os.link(key, last, src_dir_fd=self.work.cache, dst_dir_fd=parent,
+                            follow_symlinks=False)
+                except OSError:
+                    R.copy_file(self.work.cache, key, parent, last, 0o500 if key.endswith("-x") else 0o400)
+                st = os.stat(last, dir_fd=parent, follow_symlinks=False)
+                record["/".join(parts)] = (st.st_ino, st.st_mtime_ns, st.st_size, key)
         finally:
+            if parent >= 0:
+                os.close(parent)
             os.close(folder)
         trust.save()
         if missing:

@@ -127,7 +127,15 @@ def remove(dir_fd: int, name: str) -> None:
         if st.st_mode & 0o700 != 0o700:
             os.fchmod(fd, 0o700)  # a job may leave a read-only folder: it is ours to empty
         for entry in list(os.scandir(fd)):
-            remove(fd, entry.name)
+            if entry.is_dir(follow_symlinks=False):
+                remove(fd, entry.name)
+                continue
+            try:  # not a folder as listed (its type from the listing: no lstat per file)
+                os.unlink(entry.name, dir_fd=fd)
+            except IsADirectoryError:  # became one since
+                remove(fd, entry.name)
+            except OSError:
+                pass
     except OSError:
         pass
     finally:
