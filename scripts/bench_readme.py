@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_driver.records import fmt_num
+from bench_driver.report import disk_words
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -113,7 +114,8 @@ def render(result: dict[str, Any], name: str) -> str:
         f"Measured: {result['measured']}, {result['started_utc'].replace('T', ' ')[:16]} UTC; "
         f"{result['rounds']} rounds for every tool; {env['cores']} cores ({env['cpu_model']}), "
         f"load average {env['loadavg_start'][0]} at the start, {env['loadavg_end'][0]} at the end "
-        f"(the machine is shared); {kex}.",
+        f"(the machine is shared); {kex}"
+        + (f"; the runs and the hosts on {disk_words(env['disk'])}." if env.get("disk") else "."),
         "A target holds only if its worst round does; \"per round\" is its value in each round "
         "(for a ratio: the two tools' walls measured back to back in that round).",
         "",

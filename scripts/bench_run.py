@@ -108,6 +108,13 @@ def main() -> int:
         default="/var/tmp",
         help="where the runs' working directories go (default /var/tmp)",
     )
+    ap.add_argument(
+        "--disk",
+        choices=("loop", "here"),
+        default="loop",
+        help="loop (default, as root): measure on a fresh ext4 with a journal on a loop device; "
+        "here: on --workdir's own filesystem (see bench_driver/disk.py for why)",
+    )
     ap.add_argument("--no-save", action="store_true", help="do not write bench/results/*.json")
     ap.add_argument("--out", type=Path, help="also write the JSON here")
     args = ap.parse_args()
@@ -158,6 +165,7 @@ def main() -> int:
         + (f" (+ uncommitted changes in {len(env['ssh_scheduler_uncommitted_changes'])} package files)" if env["ssh_scheduler_uncommitted_changes"] else ""))  # fmt: skip
 
     bench = Bench(args)
+    env["disk"] = bench.disk.info
     # As the measured commands import it: from a clean directory, with the runs' environment.
     env["package_imported_from"] = sh(
         [

@@ -21,6 +21,7 @@ from typing import Any
 from bench_kex import matched
 
 from bench_driver.base import PY, REPO, VENV_BIN, log
+from bench_driver.disk import Disk
 from bench_driver.measure import Cmd, host_tcp
 from ssh_scheduler.cli.warm_place import loading_launchers, running_launchers
 from ssh_scheduler.transport.hub_client import hub_status
@@ -33,7 +34,8 @@ class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.quick: bool = args.quick
-        self.root = Path(tempfile.mkdtemp(prefix="sshs-bench-", dir=args.workdir))
+        self.disk = Disk(Path(args.workdir), args.disk)  # before any cluster: see disk.py
+        self.root = Path(tempfile.mkdtemp(prefix="sshs-bench-", dir=self.disk.path))
         self.cluster: Cluster | None = None
         self.gpu_cluster: Cluster | None = None
         self.gpu_fallback: str | None = None
@@ -70,7 +72,7 @@ class Bench:
             + [HostSpec(cpus=4) for _ in range(16)]
         )
         t0 = time.monotonic()
-        cluster = start_cluster(specs, timeout=60)
+        cluster = start_cluster(specs, timeout=60, base_dir=self.disk.cluster_base("small"))
         self.cluster_info["small"] = {
             "hosts": len(specs),
             "start_s": round(time.monotonic() - t0, 2),
@@ -263,6 +265,7 @@ class Bench:
                     log(f"cluster {c.cluster_id} removed in {time.monotonic() - t0:.1f} s")
         self.gpu_cluster = self.cluster = None
         shutil.rmtree(self.root, ignore_errors=True)
+        self.disk.close()
 
 
 def export_ref(ref: str, dest: Path) -> Path:

@@ -29,6 +29,7 @@ def heading(env: dict[str, Any], started_utc: dt.datetime, quick: bool, rounds: 
         f"load average (1/5/15 min): start {env['loadavg_start']}, end {env['loadavg_end']}"
         "  (other tenants of this machine count too; see machine_busy_pct per run in the JSON)",
         kex,
+        "filesystem: " + disk_words(env.get("disk")),
         "a target holds only if its worst round holds it; 'per round' = its value in each round "
         "(a ratio: the two tools' walls measured back to back in that round)",
     ]  # fmt: skip
@@ -110,3 +111,12 @@ def summary(done: Sequence[Scenario], errors: dict[str, str]) -> list[str]:
                 if "cli.py" not in line and "__main__.py" not in line:
                     out.append("  " + line)
     return out
+
+
+def disk_words(disk: dict[str, Any] | None) -> str:
+    """What the runs wrote on (bench_driver/disk.py), in words."""
+    if not disk:
+        return "not recorded"
+    journal = {True: "with a journal", False: "WITHOUT a journal", None: ""}[disk.get("journal")]
+    where = "a fresh one on a loop device" if disk.get("mode") == "loop" else f"the work folder's own ({disk.get('mode')})"
+    return f"{disk.get('fstype', '?')} {journal}, {where}; mount options {disk.get('options', '?')}"

@@ -32,7 +32,7 @@ def scenario6(bench: Bench) -> Scenario:
         hosts, per = want_hosts, gpus
         t0 = time.monotonic()
         try:
-            bench.gpu_cluster = start_cluster(gpu_specs(hosts, per), timeout=120)
+            bench.gpu_cluster = start_cluster(gpu_specs(hosts, per), timeout=120, base_dir=bench.disk.cluster_base("gpu"))
         except Exception as exc:  # report and fall back
             log(
                 f"warning: {hosts} GPU hosts did not start ({exc}); falling back to 16 hosts x 32 GPUs"
@@ -42,7 +42,7 @@ def scenario6(bench: Bench) -> Scenario:
             )
             hosts, per = 16, 32
             t0 = time.monotonic()
-            bench.gpu_cluster = start_cluster(gpu_specs(hosts, per), timeout=120)
+            bench.gpu_cluster = start_cluster(gpu_specs(hosts, per), timeout=120, base_dir=bench.disk.cluster_base("gpu"))
         info.update(hosts=hosts, gpus_per_host=per, start_s=round(time.monotonic() - t0, 2))
         bench.cluster_info["gpu"] = info
         log(f"GPU cluster up: {hosts} hosts x {per} GPUs in {info['start_s']} s")

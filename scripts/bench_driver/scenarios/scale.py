@@ -114,7 +114,7 @@ def _own_cluster(bench: Bench, specs: list[HostSpec], info: dict[str, Any], key:
     """Start a cluster for one scenario in the bench's second cluster slot (its hosts' CPU is
     then counted per run), noting how long it took."""
     t0 = time.monotonic()
-    cluster = start_cluster(specs, timeout=600)
+    cluster = start_cluster(specs, timeout=600, base_dir=bench.disk.cluster_base(key))
     info.update(hosts=len(specs), start_s=round(time.monotonic() - t0, 1))
     bench.cluster_info[key] = info
     bench.gpu_cluster = cluster
