@@ -220,26 +220,28 @@ class CacheTrust(object):
         self.forget(key)
 
     def save(self):
+        # Saved from the loop and from threads (puts, hashing): under the lock to the end, so an
+        # older record never replaces a newer one, nor one save's file another's.
         with self.lock:
             if not self.changed:
                 return
             self.changed = False
             data = json.dumps(self.known)
-        tmp = "%s.%d" % (self.record, os.getpid())
-        try:
+            tmp = "%s.%d" % (self.record, os.getpid())
             try:
-                os.unlink(tmp, dir_fd=self.record_dir)
-            except FileNotFoundError:
-                pass
-            fd = create_private(self.record_dir, tmp)
-            with os.fdopen(fd, "w") as f:
-                f.write(data)
-            os.replace(tmp, self.record, src_dir_fd=self.record_dir, dst_dir_fd=self.record_dir)
-        except OSError:
-            try:
-                os.unlink(tmp, dir_fd=self.record_dir)
+                try:
+                    os.unlink(tmp, dir_fd=self.record_dir)
+                except FileNotFoundError:
+                    pass
+                fd = create_private(self.record_dir, tmp)
+                with os.fdopen(fd, "w") as f:
+                    f.write(data)
+                os.replace(tmp, self.record, src_dir_fd=self.record_dir, dst_dir_fd=self.record_dir)
             except OSError:
-                pass  # only costs hashing again next time
+                try:
+                    os.unlink(tmp, dir_fd=self.record_dir)
+                except OSError:
+                    pass  # only costs hashing again next time
 
 
 def hash_matches(cache, key):
@@ -277,7 +279,7 @@ def keep_in_cache(cache, key, data):
     if hashlib.sha256(data).hexdigest() != key[:64]:
         return "the content does not match its hash"
     # The host's name too: agents on several hosts may share the cache (NFS), and pids repeat.
-    tmp = "%s.put-%s-%d" % (key, socket.gethostname().replace("/", "_"), os.getpid())
+    tmp = "%s.put-%s-%d-%d" % (key, socket.gethostname().replace("/", "_"), os.getpid(), threading.get_ident())
     try:
         fd = create_private(cache, tmp)
     except FileExistsError:  # an earlier agent's, killed mid-write (the cache is private)
