@@ -118,5 +118,6 @@ def disk_words(disk: dict[str, Any] | None) -> str:
     if not disk:
         return "not recorded"
     journal = {True: "with a journal", False: "WITHOUT a journal", None: ""}[disk.get("journal")]
-    where = "a fresh one on a loop device" if disk.get("mode") == "loop" else f"the work folder's own ({disk.get('mode')})"
+    where = (f"a fresh one on a loop device{' (direct I/O)' if disk.get('direct_io') else ''}"
+             if disk.get("mode") == "loop" else f"the work folder's own ({disk.get('mode')})")  # fmt: skip
     return f"{disk.get('fstype', '?')} {journal}, {where}; mount options {disk.get('options', '?')}"
