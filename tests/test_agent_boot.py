@@ -140,3 +140,25 @@ async def test_over_ssh_the_code_comes_on_stdin_before_the_protocol(hostile: Hos
         assert len(command) < 16 * 1024
     finally:
         await executor.close()
+
+
+def test_the_agent_does_not_load_ssl(tmp_path: Path) -> None:
+    """asyncio offers TLS, the agent never speaks it: its process maps no ``_ssl`` (a job's
+    process is its own and imports what it likes)."""
+    import _ssl
+
+    if not getattr(_ssl, "__file__", None):
+        pytest.skip("this python has _ssl built in: its maps cannot tell")
+    start = agent_start(sys.executable, str(tmp_path / "root"))
+    with subprocess.Popen(["/bin/sh", "-c", start.command], stdin=subprocess.PIPE, stdout=subprocess.PIPE) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        os.write(proc.stdin.fileno(), start.payload + P.Hello(id=1, lease=5).encode())
+        ready, _, _ = select.select([proc.stdout], [], [], 30)
+        # It answered: its modules ran, asyncio's loop among them.
+        answer = W.decode_answer(proc.stdout.readline() if ready else b"(no answer)")
+        maps = Path(f"/proc/{proc.pid}/maps").read_text()  # the shell exec'd python: one pid
+        proc.stdin.write(P.Bye().encode())
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0
+    assert isinstance(answer, P.HelloReply)
+    assert "_ssl" not in maps
