@@ -8,6 +8,7 @@ against the in-process hostile server, which logs every request it gets.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -112,3 +113,29 @@ async def test_a_session_that_does_not_probe_first_sends_no_probe(hostile: Hosti
         assert [r.TAG for r in hostile.requests] == ["hello", "probe"]
     finally:
         await executor.close()
+
+
+async def test_the_agents_probe_runs_in_bin_sh_not_a_shell_found_on_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent starts a probe with /bin/sh itself, so it gets the probe script as it is: the
+    login-shell wrapper (``sh -c '...'``) would start a second shell, whichever ``sh`` comes
+    first on the PATH."""
+    import dataclasses
+
+    from ssh_scheduler.machines.machine import local_machine
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    marker = tmp_path / "path-sh-ran"
+    (bin_dir / "sh").write_text(f"#!/bin/sh\ntouch {marker}\nexec /bin/sh \"$@\"\n")
+    (bin_dir / "sh").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    machine = dataclasses.replace(local_machine(), name="here", workdir=str(tmp_path / "work"))
+    executor = await open_executor(machine, probe_first=True)
+    try:
+        state, _own = await executor.probe()
+    finally:
+        await executor.close()
+    assert state.cpu_count >= 1 and state.mem_total_mb > 0
+    assert not marker.exists()

@@ -28,7 +28,7 @@ from ssh_scheduler.executors.transfer import (
 from ssh_scheduler.jobs.forward import ForwardSet
 from ssh_scheduler.machines.host_state import HostState, OwnUsage
 from ssh_scheduler.machines.machine import Machine
-from ssh_scheduler.machines.probe import PROBE_COMMAND, parse_probe_output
+from ssh_scheduler.machines.probe import PROBE_COMMAND, PROBE_SCRIPT, parse_probe_output
 from ssh_scheduler.transport.base import Transport, describe
 from ssh_scheduler.transport.ssh import connect
 
@@ -72,7 +72,7 @@ class AgentExecutor:
         return f"{self.session.root}/jobs/{token}-{job}"
 
     async def probe(self) -> tuple[HostState, dict[str, OwnUsage]]:
-        text, _rc, own = await self.session.probe(PROBE_COMMAND)
+        text, _rc, own = await self.session.probe(PROBE_SCRIPT)
         state = parse_probe_output(text)
         usage = {
             name: OwnUsage(pids=frozenset(int(p) for p in u.get("pids", ())), rss_mb=int(u.get("rss_mb", 0)))
@@ -183,7 +183,9 @@ async def open_executor(
             on_hello_sent()
 
     session = HostSession(
-        transport, lease=lease, token=token, first_probe=PROBE_COMMAND if probe_first else None,
+        # The agent runs a probe with /bin/sh itself: the script as it is, not PROBE_COMMAND,
+        # which wraps it for whatever login shell runs it (a second shell, found on PATH).
+        transport, lease=lease, token=token, first_probe=PROBE_SCRIPT if probe_first else None,
         on_hello_sent=hello_sent,
     )
     try:
