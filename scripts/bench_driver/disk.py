@@ -28,6 +28,7 @@ from typing import Any
 
 from bench_driver.base import log
 
+PREFIX = "ssh-scheduler-bench-disk-"
 SIZE = "12G"  # sparse: the largest scenario writes a few GB (big-back's 200 MB files, scale256)
 MOUNTS = Path("/var/lib")  # hosts get their own /tmp: a cluster's base must not be under it
 
@@ -52,10 +53,12 @@ class Disk:
             log(f"warning: --disk loop: {why}; measuring on {workdir} as it is")
             self.info["mode"] = f"here ({why})"
             return
-        fd, name = tempfile.mkstemp(prefix="ssh-scheduler-bench-disk-", suffix=".img", dir=workdir)
+        clear_leftovers(workdir)
+        prefix = f"{PREFIX}{os.getpid()}-"  # whose it is: a killed run's is cleared by the next
+        fd, name = tempfile.mkstemp(prefix=prefix, suffix=".img", dir=workdir)
         os.close(fd)
         self.image = Path(name)
-        mount = Path(tempfile.mkdtemp(prefix="ssh-scheduler-bench-disk-", dir=MOUNTS))
+        mount = Path(tempfile.mkdtemp(prefix=prefix, dir=MOUNTS))
         try:
             subprocess.run(["truncate", "-s", SIZE, str(self.image)], check=True)
             # Inode tables and journal written now: done lazily, a kernel thread would do it
@@ -118,3 +121,23 @@ def describe(path: Path) -> dict[str, Any]:
                          if line.startswith("Filesystem features:")), [])  # fmt: skip
         info["journal"] = "has_journal" in features if features else None
     return info
+
+
+def clear_leftovers(workdir: Path) -> None:
+    """Unmount, detach and remove what a benchmark killed before its end (SIGKILL, a lost
+    machine) left: its mount under MOUNTS and its image in ``workdir``, named with its pid."""
+    for path in [*MOUNTS.glob(PREFIX + "*"), *workdir.glob(PREFIX + "*.img")]:
+        pid = path.name[len(PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or Path(f"/proc/{pid}").exists():
+            continue  # not ours to judge, or its benchmark still runs
+        if path.is_dir():
+            source = subprocess.run(["findmnt", "-n", "-o", "SOURCE", "--mountpoint", str(path)],
+                                    capture_output=True, text=True, check=False).stdout.strip()  # fmt: skip
+            if source:
+                subprocess.run(["umount", "-l", str(path)], check=False, capture_output=True)
+                subprocess.run(["losetup", "-d", source], check=False, capture_output=True)
+            with contextlib.suppress(OSError):
+                path.rmdir()
+            log(f"removed a killed benchmark's disk at {path}")
+        else:
+            path.unlink(missing_ok=True)
