@@ -70,6 +70,10 @@ class _Staging(F.FileOperations):
     def below_root(self, path: str) -> str:
         return path
 
+    def close(self) -> None:
+        for fd in (self.work.fd, self.work.cache, self.work.jobs):
+            os.close(fd)
+
 
 def test_inputs_are_staged_each_in_its_folder_whatever_their_order(tmp_path: Path) -> None:
     """Files come folder by folder, but not only: one folder's files may come again after
@@ -85,7 +89,11 @@ def test_inputs_are_staged_each_in_its_folder_whatever_their_order(tmp_path: Pat
         (tmp_path / "cache" / key).chmod(0o400)
         staged.append(SimpleNamespace(rel=rel, key=key))
     ops = _Staging(tmp_path)
-    ops.stage("jobs/j1", staged, ["empty/dir"])
+    try:
+        ops.stage("jobs/j1", staged, ["empty/dir"])
+        listed = ops.list_results("jobs/j1", [])
+    finally:
+        ops.close()
     job = tmp_path / "jobs" / "j1"
     found = sorted(str(p.relative_to(job)) for p in job.rglob("*") if p.is_file())
     assert found == sorted(rels)
@@ -94,7 +102,7 @@ def test_inputs_are_staged_each_in_its_folder_whatever_their_order(tmp_path: Pat
         assert stat.S_IMODE((job / rel).stat().st_mode) == 0o400  # a link to the read-only entry
     assert (job / "empty" / "dir").is_dir()
     assert set(ops.staged["jobs/j1"]) == set(rels)
-    assert ops.list_results("jobs/j1", []) == []  # untouched inputs are no results
+    assert listed == []  # untouched inputs are no results
 
 
 @pytest.mark.parametrize("rel", ["", "/etc/passwd", "../escape.txt", "a/../../escape.txt"])
@@ -104,6 +112,10 @@ def test_an_input_path_that_leaves_the_job_folder_is_refused(tmp_path: Path, rel
     data = b"x"
     key = hashlib.sha256(data).hexdigest() + "-r"
     (tmp_path / "cache" / key).write_bytes(data)
-    with pytest.raises(ValueError):
-        _Staging(tmp_path).stage("jobs/j1", [SimpleNamespace(rel="ok.txt", key=key), SimpleNamespace(rel=rel, key=key)], [])
+    ops = _Staging(tmp_path)
+    try:
+        with pytest.raises(ValueError):
+            ops.stage("jobs/j1", [SimpleNamespace(rel="ok.txt", key=key), SimpleNamespace(rel=rel, key=key)], [])
+    finally:
+        ops.close()
     assert not (tmp_path / "escape.txt").exists()

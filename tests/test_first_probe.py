@@ -8,6 +8,7 @@ against the in-process hostile server, which logs every request it gets.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from ssh_scheduler.coordinator.batch_run import BatchOptions
 from ssh_scheduler.executors.host import open_executor
 from ssh_scheduler.jobs.batch_file import Job
 from ssh_scheduler.jobs.needs import Needs
+from ssh_scheduler.machines.machine import local_machine
 from ssh_scheduler.transport.bootstrap import agent_start
 from tests.hostile_server import HostileServer, hostile_server
 
@@ -121,10 +123,6 @@ async def test_the_agents_probe_runs_in_bin_sh_not_a_shell_found_on_path(
     """The agent starts a probe with /bin/sh itself, so it gets the probe script as it is: the
     login-shell wrapper (``sh -c '...'``) would start a second shell, whichever ``sh`` comes
     first on the PATH."""
-    import dataclasses
-
-    from ssh_scheduler.machines.machine import local_machine
-
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     marker = tmp_path / "path-sh-ran"

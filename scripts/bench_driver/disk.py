@@ -47,7 +47,7 @@ class Disk:
         self.info.update(describe(self.path))
 
     def _make(self, workdir: Path) -> None:
-        missing = [tool for tool in ("mkfs.ext4", "losetup", "mount", "umount") if shutil.which(tool) is None]
+        missing = [tool for tool in ("mkfs.ext4", "losetup", "mount", "umount", "findmnt") if shutil.which(tool) is None]
         if os.geteuid() != 0 or missing:
             why = "not root" if os.geteuid() != 0 else f"{', '.join(missing)} missing"
             log(f"warning: --disk loop: {why}; measuring on {workdir} as it is")
@@ -107,16 +107,24 @@ class Disk:
             self.device = None
 
 
+def _out(argv: list[str]) -> str:
+    """What ``argv`` printed on stdout; empty when it failed or is not installed (the report
+    then says less, the run goes on)."""
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
 def describe(path: Path) -> dict[str, Any]:
     """The filesystem under ``path``: its type, mount options and whether it has a journal."""
-    found = subprocess.run(["findmnt", "-n", "-o", "SOURCE,FSTYPE,OPTIONS", "-T", str(path)],
-                           capture_output=True, text=True, check=False).stdout.split()  # fmt: skip
+    found = _out(["findmnt", "-n", "-o", "SOURCE,FSTYPE,OPTIONS", "-T", str(path)]).split()
     if len(found) < 3:
         return {}
     source, fstype, options = found[:3]
     info: dict[str, Any] = {"fstype": fstype, "options": options}
     if fstype.startswith("ext"):
-        header = subprocess.run(["dumpe2fs", "-h", source], capture_output=True, text=True, check=False).stdout
+        header = _out(["dumpe2fs", "-h", source])
         features = next((line.split(":", 1)[1].split() for line in header.splitlines()
                          if line.startswith("Filesystem features:")), [])  # fmt: skip
         info["journal"] = "has_journal" in features if features else None
@@ -131,8 +139,7 @@ def clear_leftovers(workdir: Path) -> None:
         if not pid.isdigit() or Path(f"/proc/{pid}").exists():
             continue  # not ours to judge, or its benchmark still runs
         if path.is_dir():
-            source = subprocess.run(["findmnt", "-n", "-o", "SOURCE", "--mountpoint", str(path)],
-                                    capture_output=True, text=True, check=False).stdout.strip()  # fmt: skip
+            source = _out(["findmnt", "-n", "-o", "SOURCE", "--mountpoint", str(path)]).strip()
             if source:
                 subprocess.run(["umount", "-l", str(path)], check=False, capture_output=True)
                 subprocess.run(["losetup", "-d", source], check=False, capture_output=True)
