@@ -246,3 +246,26 @@ def test_commands_lines_copy_only_inside_the_base(tmp_path: Path) -> None:
     check_job_copies(_jobs("--copy-forwards in.txt 'true'\n--copy-backwards out 'true'\n"), base, ForwardPolicy())
     allowed = _jobs("--copy-forwards ../outside /etc/hostname 'ls'\n")
     check_job_copies(allowed, base, ForwardPolicy(allow_outside=True))
+
+
+def test_the_file_this_command_writes_its_output_to_stays_home(tmp_path: Path) -> None:
+    """``execute_batch b.sh > log.txt`` in the folder it copies: log.txt grows while it is
+    hashed and sent, so it is left out (by the file, not its name); a file of the same name
+    elsewhere in the folder, and a copy of it, still go."""
+    (tmp_path / "b.sh").write_text("true\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "log.txt").write_text("another log\n")
+    log_file = tmp_path / "log.txt"
+    saved = os.dup(1)
+    try:
+        with open(log_file, "w") as out:
+            os.dup2(out.fileno(), 1)
+        (tmp_path / "copy.txt").write_bytes(log_file.read_bytes())
+        found = collect_forward(["."], tmp_path, Hasher())
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+    assert sorted(f.rel for f in found.files) == ["b.sh", "copy.txt", "sub/log.txt"]
+
+    found = collect_forward(["."], tmp_path, Hasher())  # stdout elsewhere again: it goes
+    assert "log.txt" in {f.rel for f in found.files}

@@ -142,3 +142,27 @@ def test_hostile_commands_copies_are_refused_before_dispatch(cluster4: Cluster, 
     allowed = run_batch(project, "b.sh", "--commands", *machine, "--allow-outside-copies")
     assert allowed.returncode == 2 and "--allow-secret-copies" in allowed.stderr
     assert digests_on(host) == before
+
+
+def test_a_batch_whose_output_goes_into_the_folder_leaves_that_file_home(cluster4: Cluster, tmp_path: Path) -> None:
+    """``execute_batch b.sh > log.txt`` run in the folder it copies: the log grows while the
+    copy is hashed and sent, so a host would refuse it under its hash and fetch it again by
+    SFTP, a round trip before the first job; it is not sent at all (-v says so), and the rest
+    travels through the cache as always."""
+    host = cluster4[1]
+    (tmp_path / "b.sh").write_text("find . -type f ! -name listing.txt | sort > listing.txt\n")
+    (tmp_path / "input.txt").write_text("data " + os.urandom(4).hex() + "\n")
+    log_file = tmp_path / "log.txt"
+    with open(log_file, "w") as log:
+        result = subprocess.run(
+            [sys.executable, "-m", "ssh_scheduler", "execute_batch", "b.sh", "--machines", str(host.machine_file),
+             "--no-gpu-required", "--num-cpus", "0.1", "--memory-required", "10", "-v"],
+            cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=log, stderr=subprocess.STDOUT,
+            timeout=120,
+        )  # fmt: skip
+    said = log_file.read_text()
+    assert result.returncode == 0, said
+    listing = (tmp_path / "job_results" / "b.sh.1" / "listing.txt").read_text().split()
+    assert listing == ["./b.sh", "./input.txt"], said
+    assert "leaving out log.txt: this command's own output goes there" in said, said
+    assert "did not keep" not in said and "by SFTP" not in said, said

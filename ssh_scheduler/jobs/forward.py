@@ -334,6 +334,7 @@ def collect_forward(
     """Walk the paths to send (relative to ``base``), following no symlinked directory, leaving
     out what the ignore file names and withholding secrets."""
     walk = _Walk(_load_ignore(base), frozenset(excludes), True, [])
+    own_output = _own_output()
     files: dict[str, LocalFile] = {}
     dirs: set[str] = set()
     base_resolved = base.resolve()
@@ -368,6 +369,9 @@ def collect_forward(
                 continue
             if not stat.S_ISREG(st.st_mode):
                 continue
+            if (st.st_dev, st.st_ino) in own_output:
+                log.info("copy forward: leaving out %s: this command's own output goes there", rel)
+                continue
             digest, is_key = hasher.inspect(local, st)
             if walk.withhold(rel, "holds a private key" if is_key else None):
                 continue
@@ -379,6 +383,20 @@ def collect_forward(
         tuple(sorted(dirs)),
         tuple(sorted(set(walk.withheld))),
     )
+
+
+def _own_output() -> frozenset[tuple[int, int]]:
+    """The files this process's stdout and stderr write into (``execute_batch b.sh > log.txt``
+    run in the folder it copies): never sent.  The file grows while it is hashed and sent, so
+    no host could keep it under its hash (each host would fetch it again by SFTP, a round trip
+    before the first job starts), and a job has no use for the log of the batch it is in."""
+    found = set()
+    for fd in (1, 2):
+        with contextlib.suppress(OSError, ValueError):
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode):
+                found.add((st.st_dev, st.st_ino))
+    return frozenset(found)
 
 
 # --- size ----------------------------------------------------------------------------------------
