@@ -15,7 +15,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from ssh_scheduler.jobs import forward
+from ssh_scheduler.jobs import secret_scan
 from ssh_scheduler.jobs.forward import ForwardPolicy, Hasher, collect_forward, holds_key_text
 
 PEM = ec.generate_private_key(ec.SECP256R1()).private_bytes(
@@ -113,9 +113,9 @@ def test_a_named_key_file_in_json_is_refused_unless_allowed(tmp_path: Path) -> N
 def _decoding_every_way(head: bytes) -> bool:
     """The scan as it was before it looked for the letters first (the oracle): every wide
     decoding tried, in order, the first that shows a word ending the scan."""
-    if forward._KEY_AT_LINE_START.search(head) or forward._KEY_ANYWHERE.search(head):
+    if secret_scan._KEY_AT_LINE_START.search(head) or secret_scan._KEY_ANYWHERE.search(head):
         return True
-    for match in forward._BASE64_PEM.finditer(head):
+    for match in secret_scan._BASE64_PEM.finditer(head):
         chunk = match.group()[: len(match.group()) // 4 * 4]
         with contextlib.suppress(ValueError):
             if _decoding_every_way(base64.b64decode(chunk)):
