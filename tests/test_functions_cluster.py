@@ -184,7 +184,13 @@ def test_map_over_a_thousand_items_keeps_order(cluster4: Cluster, project: Path)
 
 
 def processes_of_calls(host: Host) -> list[str]:
-    return [p for p in batch_processes(host) if "call_runner.py" in p]
+    """The calls running on the host: started by the agent as ``call_runner.py PAYLOAD ...``, or
+    forked by its warm interpreter (``call_runner.py --serve``, which they look like in ``ps``),
+    but not that interpreter itself, which stays while the executor does."""
+    out = host.run(f"ps -u {host.user} -o pid=,ppid=,args=").stdout
+    rows = [line.split(None, 2) for line in out.splitlines() if "call_runner.py" in line]
+    servers = {pid for pid, _ppid, args in rows if "--serve" in args}
+    return [args for pid, ppid, args in rows if pid not in servers or ppid in servers]
 
 
 def test_cancelling_a_running_call_leaves_no_process_on_its_host(cluster4: Cluster, project: Path) -> None:

@@ -42,6 +42,7 @@ SAMPLES: dict[str, Any] = {
     "List[StagedFile]": [P.StagedFile(rel="a/b", key="h-r")],
     "Optional[Probe]": P.Probe(id=12, cmd="echo p"),
     "Optional[Staging]": P.Staging(files=[P.StagedFile(rel="c", key="h-x")], dirs=["d"]),
+    "Optional[Warm]": P.Warm(start="exec python3 r.py --serve k", env={"A": "1"}, argv=["p", "r", "i"]),
     "List[Blob]": [P.Blob(name="k1", data="aGk="), P.Blob(name="k2", error="gone")],
     "List[OutputAt]": [P.OutputAt(job="j", rest="a", out=1, err=2)],
     "List[OutputChunk]": [P.OutputChunk(job="j", fd=2, data="aGk=")],

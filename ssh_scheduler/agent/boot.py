@@ -33,7 +33,7 @@ import stat
 import sys
 from types import CodeType
 
-MODULES = ("wire", "protocol", "rooted", "hostguard", "plumbing", "relay", "slurm", "files", "jobs", "main")
+MODULES = ("wire", "protocol", "rooted", "hostguard", "plumbing", "relay", "slurm", "files", "warm", "jobs", "main")
 """The agent's modules, in the order they run (each imports only those before it)."""
 OLDEST = (3, 8)
 REFUSED = "ssh_scheduler agent refused to start: "  # how agent.main words it too

@@ -152,9 +152,9 @@ def keep_exception(result_path, info_path, exc):
     sys.exit(RAISED)
 
 
-def main(argv):
+def main(argv, here=None):
     payload_path, result_path, info_path = argv
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = here or os.path.dirname(os.path.abspath(__file__))
     with open(payload_path, "rb") as payload:
         try:
             header = json.loads(payload.readline().decode("utf-8"))
@@ -186,5 +186,148 @@ def main(argv):
     write_info(info_path, {"kind": "value", "code": holds_code})
 
 
+# --- the warm interpreter ---------------------------------------------------------------------
+# ``call_runner.py --serve KEY``: started once by the host's agent (agent/warm.py) for the calls
+# of one Python, it keeps this interpreter loaded and forks a child for each call, which then
+# is what ``python call_runner.py PAYLOAD RESULT INFO`` would have been in the call's folder:
+# a Python's own start cost more than the rest of a trivial call.  The agent sends each call on
+# a SOCK_SEQPACKET socket (its descriptor number in WARM_FD): one JSON message (the call's whole
+# environment and its arguments) with three descriptors, the call's stdout, its stderr and its
+# folder; this answers the child's pid, then its exit status when it ends.  KEY (the runner's
+# hash) only tells servers of different runners apart.  The socket's end (the agent gone) ends
+# this; the children are the agent's jobs, for it to end.
+
+WARM_FD = "SSH_SCHEDULER_WARM_FD"  # as agent/warm.py names it
+
+
+def serve():
+    import array
+    import select
+    import signal
+    import socket
+
+    sock = socket.socket(fileno=int(os.environ.pop(WARM_FD)))
+    launched_as = sys.argv[0]  # relative to the folder of the call it was started in
+    os.chdir("/")  # never inside a job's folder (the agent sweeps what works in an ended one)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # only to wake select
+    int_size = array.array("i").itemsize
+
+    def say(message):
+        sock.sendall(json.dumps(message).encode())
+
+    def reap():
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+            say({"exit": pid, "code": code})
+
+    say({"ready": True})
+    while True:
+        readable = select.select([sock, wake_r], [], [])[0]
+        if wake_r in readable:
+            try:
+                while os.read(wake_r, 512):
+                    pass
+            except BlockingIOError:
+                pass
+            reap()
+        if sock not in readable:
+            continue
+        data, ancillary, _flags, _addr = sock.recvmsg(1 << 20, socket.CMSG_SPACE(3 * int_size))
+        if not data:
+            os._exit(0)
+        fds = array.array("i")
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(payload[:len(payload) - len(payload) % int_size])
+        request = json.loads(data.decode("utf-8"))
+        pid = -1
+        try:
+            if len(fds) == 3:
+                pid = os.fork()
+        except OSError as exc:
+            say({"n": request["n"], "error": "fork: %s" % exc})
+        if pid == 0:
+            in_child(list(fds), request, launched_as, (sock.fileno(), wake_r, wake_w))
+        for fd in fds:
+            os.close(fd)
+        if pid > 0:
+            say({"n": request["n"], "pid": pid})
+        elif len(fds) != 3:
+            say({"n": request["n"], "error": "the call came without its 3 descriptors"})
+
+
+def in_child(fds, request, launched_as, theirs):
+    """The forked call: its own session, its descriptors, folder, environment and arguments;
+    then :func:`main`, and the ends a Python's own exit would have (threads joined, atexit
+    functions run, streams flushed)."""
+    import signal
+
+    code = 1
+    try:
+        os.setsid()
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for fd in theirs:
+            os.close(fd)
+        out, err, folder = fds
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        os.fchdir(folder)
+        for fd in (null, out, err, folder):
+            os.close(fd)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        if "PWD" in os.environ:  # as the job's shell would have set it, starting there
+            os.environ["PWD"] = os.getcwd()
+        here = os.path.abspath(os.path.dirname(launched_as))
+        sys.argv = [launched_as] + request["argv"]
+        sys.path[0] = here  # as a fresh start of this file in this folder has it
+        main(request["argv"], here)
+        code = 0
+    except SystemExit as exc:
+        code = exit_code(exc.code)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    try:
+        threading = sys.modules.get("threading")
+        if threading is not None and hasattr(threading, "_shutdown"):
+            threading._shutdown()
+        import atexit
+
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BaseException:
+        code = code or 1
+    os._exit(code)
+
+
+def exit_code(value):
+    """What ``sys.exit(value)`` makes a Python's exit status."""
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value & 0xFF
+    sys.stderr.write("%s\n" % (value,))
+    return 1
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    if sys.argv[1:2] == ["--serve"]:
+        serve()
+    else:
+        main(sys.argv[1:])

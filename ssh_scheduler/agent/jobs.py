@@ -32,6 +32,7 @@ from ssh_scheduler.agent import hostguard as G
 from ssh_scheduler.agent import plumbing as IO
 from ssh_scheduler.agent import protocol as P
 from ssh_scheduler.agent import rooted as R
+from ssh_scheduler.agent import warm as W
 
 COMMAND_VAR = "SSH_SCHEDULER_COMMAND"
 SHELL_LINE = 'eval "$SSH_SCHEDULER_COMMAND"'
@@ -216,7 +217,11 @@ class JobSupervision(object):
             folder = R.open_child(self.work.jobs, self.job_folder(req.cwd))
             # The job's folder as opened below the root, not a path someone could re-link.
             cwd = "/proc/self/fd/%d" % folder if PROC_FD else req.cwd
-            transport = await self.spawn(loop, protocol, req.cmd, cwd, env)
+            transport = None
+            if req.warm is not None:
+                transport = await self.warm_spawn(req.warm, protocol, folder, cwd, env)
+            if transport is None:
+                transport = await self.spawn(loop, protocol, req.cmd, cwd, env)
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             self.spawning -= 1
             protocol.close_files()
@@ -280,6 +285,37 @@ class JobSupervision(object):
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, start_new_session=True)
         return transport
+
+    async def warm_spawn(self, warm, protocol, folder, cwd, env):
+        """The job forked from the warm interpreter its request names (started now if it is the
+        first of its kind), or None: the job then runs its own command (see warm.py)."""
+        key = (warm.start, tuple(sorted(warm.env.items())))
+        python = self.warm.get(key)
+        if python is None:
+            python = self.warm[key] = W.WarmPython(key)
+        loop = asyncio.get_event_loop()
+
+        async def spawn(extra, fd):
+            # By the job shell rule, in this job's folder, with the machine's environment but
+            # none of this job's own (nor its tag: killing this job must not end it).
+            start_env = dict(os.environ)
+            start_env.update(warm.env)
+            start_env.update(extra)
+            start_env[COMMAND_VAR] = "unset %s; %s" % (COMMAND_VAR, warm.start)
+            transport, _ = await loop.subprocess_exec(
+                asyncio.SubprocessProtocol, *self.shell, "-c", SHELL_LINE, cwd=cwd, env=start_env,
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL, start_new_session=True, pass_fds=(fd,))
+            self.children.add(transport.get_pid())  # never swept as something a job left
+            self.warm_starts.append(transport)
+            return transport.get_pid()
+
+        try:
+            if await python.start(spawn):
+                return await python.fork(protocol, folder, env, warm.argv)
+        except Exception as exc:  # never the job's failure: it runs its own command instead
+            python.fail("%s: %s" % (type(exc).__name__, exc))
+        return None
 
     def send_exit(self, job):
         entries = None

@@ -76,6 +76,8 @@ class Agent(JobSupervision, FileOperations):
         self.shell = ["/bin/bash", "--norc"] if os.path.exists("/bin/bash") else ["/bin/sh"]
         self.subreaper = None  # prctl's answer, asked at the first job (see hostguard)
         self.children = set()  # pids of our own children besides job shells (probes)
+        self.warm = {}  # (start, env) -> warm.WarmPython: the interpreters calls are forked from
+        self.warm_starts = []  # their processes (asyncio reaps them)
         # Children being started: their pid is not known to us until the spawn returns, and a
         # fast one may already be a zombie then; asyncio must reap it, never the sweep (it would
         # then report 255 for the job), so the sweep leaves unknown zombies alone meanwhile.

@@ -213,11 +213,23 @@ class Notice(Event):
 OUTPUT_LIMIT = "the output limit was reached"  # Exit.message of a job killed for it
 
 
+class Warm(Record):
+    """A warm interpreter a job may be forked from (a Python call: agent/warm.py): ``start``,
+    the shell text that starts it, in the job's folder; ``env``, what of the job's environment
+    it starts with (the machine's ``env:``, never a job's own); ``argv``, what the forked call
+    runs with.  The agent keeps one per distinct ``start`` and ``env``."""
+
+    start: str
+    env: Dict[str, str] = {}
+    argv: List[str] = []
+
+
 class Run(Request):
     """Start a job; Started, Output... and Exit events follow (one round trip per job).
 
     ``stage``: inputs to link first.  ``listing``: send the results listing with the exit
-    (``listing_paths`` None: what the job created or changed).
+    (``listing_paths`` None: what the job created or changed).  ``warm``: fork the job from a
+    warm interpreter instead of running ``cmd`` (which runs where none can be had).
     """
 
     TAG = "run"
@@ -231,6 +243,7 @@ class Run(Request):
     listing: bool = False
     listing_paths: Optional[List[str]] = None
     max_output: Optional[int] = None  # bytes of stdout + stderr; past it the job is killed
+    warm: Optional[Warm] = None
 
 
 class Resume(Request):

@@ -30,7 +30,7 @@ from ssh_scheduler.machines.host_state import HostState, OwnUsage
 from ssh_scheduler.machines.machine import DEFAULT_PYTHON, Machine
 from ssh_scheduler.machines.machine_env import PYTHON_WORD, with_setup
 
-__all__ = ["Executor", "OutputSink", "RunRequest", "ShellCommand", "StartedHook", "Work", "shell_line"]
+__all__ = ["Executor", "OutputSink", "RunRequest", "ShellCommand", "StartedHook", "Work", "python_word", "shell_line"]
 
 OutputSink = Callable[[int, bytes], None]
 """Where a job's output goes as it arrives: (fd 1 or 2, bytes)."""
@@ -110,11 +110,14 @@ def shell_line(request: RunRequest, python: str = DEFAULT_PYTHON) -> str:
         case ShellCommand(line=line):
             return with_setup(line, request.setup)
         case PythonCall():
-            # A path as the YAML allows it is one shell word (its ~ expands); anything else set
-            # through the Python API is quoted whole.
-            word = python if PYTHON_WORD.fullmatch(python) else shlex.quote(python)
-            return with_setup(f"exec {word} -B -u {RUNNER} {PAYLOAD} {RESULT} {INFO}", request.setup)
+            return with_setup(f"exec {python_word(python)} -B -u {RUNNER} {PAYLOAD} {RESULT} {INFO}", request.setup)
     assert_never(work)
+
+
+def python_word(python: str) -> str:
+    """The machine's Python as shell text: a path as the YAML allows it is one shell word (its
+    ~ expands); anything else set through the Python API is quoted whole."""
+    return python if PYTHON_WORD.fullmatch(python) else shlex.quote(python)
 
 
 class Executor(Protocol):

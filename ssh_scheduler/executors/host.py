@@ -15,7 +15,7 @@ from typing import Any
 
 from ssh_scheduler.errors import ConfigError, ProbeError, TransportError
 from ssh_scheduler.executors.base import OutputSink, RunRequest, shell_line
-from ssh_scheduler.executors.python_call import call_files, work_inputs
+from ssh_scheduler.executors.python_call import call_files, warm_interpreter, work_inputs
 from ssh_scheduler.executors.session import DEFAULT_LEASE, HostSession, JobExit
 from ssh_scheduler.executors.stage_plan import StagePlan
 from ssh_scheduler.executors.transfer import (
@@ -118,6 +118,7 @@ class AgentExecutor:
             # back, or of what the job created or changed.
             results=list(request.copy_backwards or ()) or None,
             max_output=request.limits.max_output_bytes,
+            warm=warm_interpreter(request, self.machine.python, dict(self.machine.env)),
         )
 
     async def resume(self, request: RunRequest, offsets: tuple[int, int], on_output: OutputSink) -> JobExit:

@@ -20,21 +20,24 @@ import os
 from pathlib import Path
 from typing import assert_never
 
+from ssh_scheduler.agent import protocol as P
 from ssh_scheduler.errors import ConfigError
-from ssh_scheduler.executors.base import RunRequest, ShellCommand
+from ssh_scheduler.executors.base import RunRequest, ShellCommand, python_word
 from ssh_scheduler.executors.stage_plan import StagePlan
 from ssh_scheduler.executors.transfer import HostCache
 from ssh_scheduler.jobs.forward import LocalFile
 from ssh_scheduler.jobs.python_call import (
     CALL_FOLDER,
     CLOUDPICKLE_FOLDER,
+    INFO,
     PAYLOAD,
+    RESULT,
     RUNNER,
     PythonCall,
 )
 from ssh_scheduler.transport.bootstrap import AGENT_FOLDER
 
-__all__ = ["call_files", "runner_files", "work_inputs"]
+__all__ = ["call_files", "runner_files", "warm_interpreter", "work_inputs"]
 
 
 def _local_file(rel: str, path: Path) -> LocalFile:
@@ -90,3 +93,20 @@ async def work_inputs(cache: HostCache, request: RunRequest) -> StagePlan | None
                 [d for d in staged.dirs if not _ours(d)],
             )
     assert_never(work)
+
+
+def warm_interpreter(request: RunRequest, python: str, machine_env: dict[str, str]) -> P.Warm | None:
+    """How the host's agent may fork a Python call from an interpreter it keeps loaded
+    (agent/warm.py) instead of starting the machine's Python for it: the same runner, started
+    once with ``--serve`` (the runner's hash tells runners apart) in the machine's environment.
+    None for a shell command, and where the machine has ``setup:`` lines: they run in each job's
+    own shell, before its Python, with the job's own environment (its GPUs among it), which an
+    interpreter started once could not honour."""
+    if not isinstance(request.work, PythonCall) or request.setup:
+        return None
+    runner = runner_files()[0]
+    return P.Warm(
+        start=f"exec {python_word(python)} -B -u {RUNNER} --serve {runner.key[:16]}",
+        env=dict(machine_env),
+        argv=[PAYLOAD, RESULT, INFO],
+    )

@@ -438,20 +438,20 @@ class HostSession:
         stage: StagePlan | None = None,
         results: list[str] | bool | None = False,
         max_output: int | None = None,
+        warm: P.Warm | None = None,
     ) -> JobExit:
         """Run a job to its end.  Cancelling this kills the job's whole process tree.
 
         ``stage``: (files, dirs) to link from the cache into ``cwd`` first.  ``results``: list
         what to bring home with the exit (None: what the job created or changed; a list: those
         paths; False: nothing) -- each saves a round trip per job.  ``max_output``: bytes of
-        stdout and stderr together; past it the rest is dropped and the job killed.
+        stdout and stderr together; past it the rest is dropped and the job killed.  ``warm``:
+        the interpreter the agent may fork it from (a Python call).
         """
         request = P.Run(
-            job=job, cmd=command, cwd=cwd, env=env, out=out_path, err=err_path,
+            job=job, cmd=command, cwd=cwd, env=env, out=out_path, err=err_path, max_output=max_output, warm=warm,
             stage=None if stage is None else P.Staging(files=_staged(stage.files), dirs=stage.dirs),
-            listing=results is not False,
-            listing_paths=results if isinstance(results, list) else None,
-            max_output=max_output,
+            listing=results is not False, listing_paths=results if isinstance(results, list) else None,
         )
         return await self._follow(job, request, on_output, on_started, max_output)
 
