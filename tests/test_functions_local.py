@@ -8,6 +8,7 @@ import asyncio
 import concurrent.futures
 import itertools
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -297,3 +298,28 @@ def test_a_call_that_spoils_the_runner_in_the_host_cache_costs_the_next_call_not
         assert ex.submit(abs, -3).result() == 3
         assert ex.submit(spoil, ".ssh_scheduler_call/lib/cloudpickle/__init__.py").result() > 0
         assert ex.submit(abs, -4).result() == 4
+
+
+def test_calls_fork_from_one_warm_interpreter_that_ends_without_a_word(project: Path) -> None:
+    """On this machine too the calls are forked from one interpreter (agent/warm.py), and the
+    batch's end ends it quietly: the agent waits for it as asyncio does, rather than reaping it
+    under asyncio, whose child watcher then printed "exit status already read" into the user's
+    terminal (this Python's stderr)."""
+    (project / "run.py").write_text(
+        "import os\n"
+        "from ssh_scheduler import Executor\n\n\n"
+        "def parent(_):\n"
+        "    with open('/proc/%d/cmdline' % os.getppid(), 'rb') as f:\n"
+        "        return f.read().split(b'\\0')\n\n\n"
+        "if __name__ == '__main__':\n"
+        "    with Executor(no_gpu_required=True, num_cpus=0.1, memory_required=10) as ex:\n"
+        "        parents = list(ex.map(parent, range(3)))\n"
+        "    print(sum(b'--serve' in p for p in parents), len({tuple(p) for p in parents}))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "run.py"], cwd=project, capture_output=True, text=True, timeout=120,
+        env=dict(os.environ, SSH_SCHEDULER_KEEP_WARM="0"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["3", "1"]  # three calls, one interpreter's children
+    assert result.stderr == ""

@@ -295,7 +295,7 @@ class JobSupervision(object):
             python = self.warm[key] = W.WarmPython(key)
         loop = asyncio.get_event_loop()
 
-        async def spawn(extra, fd):
+        async def spawn(watched, extra, fd):
             # By the job shell rule, in this job's folder, with the machine's environment but
             # none of this job's own (nor its tag: killing this job must not end it).
             start_env = dict(os.environ)
@@ -303,12 +303,11 @@ class JobSupervision(object):
             start_env.update(extra)
             start_env[COMMAND_VAR] = "unset %s; %s" % (COMMAND_VAR, warm.start)
             transport, _ = await loop.subprocess_exec(
-                asyncio.SubprocessProtocol, *self.shell, "-c", SHELL_LINE, cwd=cwd, env=start_env,
+                lambda: watched, *self.shell, "-c", SHELL_LINE, cwd=cwd, env=start_env,
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.DEVNULL, start_new_session=True, pass_fds=(fd,))
             self.children.add(transport.get_pid())  # never swept as something a job left
-            self.warm_starts.append(transport)
-            return transport.get_pid()
+            return transport
 
         try:
             if await python.start(spawn):
@@ -316,6 +315,11 @@ class JobSupervision(object):
         except Exception as exc:  # never the job's failure: it runs its own command instead
             python.fail("%s: %s" % (type(exc).__name__, exc))
         return None
+
+    async def end_warm(self):
+        """Before the agent's end: each warm interpreter ends with its socket, waited for as
+        asyncio waits for it (end_all would reap it under asyncio, which then complains)."""
+        await asyncio.gather(*[python.end(2.0) for python in self.warm.values()])
 
     def send_exit(self, job):
         entries = None

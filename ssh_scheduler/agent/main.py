@@ -77,7 +77,6 @@ class Agent(JobSupervision, FileOperations):
         self.subreaper = None  # prctl's answer, asked at the first job (see hostguard)
         self.children = set()  # pids of our own children besides job shells (probes)
         self.warm = {}  # (start, env) -> warm.WarmPython: the interpreters calls are forked from
-        self.warm_starts = []  # their processes (asyncio reaps them)
         # Children being started: their pid is not known to us until the spawn returns, and a
         # fast one may already be a zombie then; asyncio must reap it, never the sweep (it would
         # then report 255 for the job), so the sweep leaves unknown zombies alone meanwhile.
@@ -140,6 +139,7 @@ class Agent(JobSupervision, FileOperations):
         await self.wait_jobs()
         if self.tasks:  # requests that came before "bye" (a last remove, say) still run,
             await asyncio.wait(list(self.tasks), timeout=2.0)  # but a hung probe cannot hold us
+        await self.end_warm()
         self.end_all()
         if self.server is not None:
             self.server.close()

@@ -59,6 +59,18 @@ class ForkedProcess(object):
             pipe.close()
 
 
+class Watched(asyncio.SubprocessProtocol):
+    """The interpreter's own process, as asyncio runs (and reaps) it: its end noted, so the
+    agent's end waits for it rather than reaping it under asyncio (which then warns)."""
+
+    def __init__(self):
+        self.gone = asyncio.get_event_loop().create_future()
+
+    def process_exited(self):
+        if not self.gone.done():
+            self.gone.set_result(None)
+
+
 class _Stream(asyncio.Protocol):
     """One of the call's output pipes, fed to the job's protocol as a subprocess pipe is."""
 
@@ -80,6 +92,8 @@ class WarmPython(object):
         self.key = key
         self.sock = None
         self.pid = None
+        self.transport = None  # its process's (asyncio's), with its Watched protocol
+        self.watched = None
         self.broken = None  # why it cannot serve: its jobs run their own command
         self.started = None  # a future: resolved once it is ready (or broken)
         self.asked = {}  # request number -> (ForkedProcess, future of its pid)
@@ -87,14 +101,17 @@ class WarmPython(object):
         self.count = 0
 
     async def start(self, spawn):
-        """Start it with ``spawn(extra_env, fd)`` (jobs.py runs the start text by the job shell
-        rule, passing ``fd`` on); True once it is ready to fork."""
+        """Start it with ``spawn(protocol, extra_env, fd)`` (jobs.py runs the start text by the
+        job shell rule, passing ``fd`` on; returns asyncio's transport); True once it is ready
+        to fork."""
         loop = asyncio.get_event_loop()
         if self.started is None:
             self.started = loop.create_future()
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             try:
-                self.pid = await spawn({WARM_FD: str(theirs.fileno())}, theirs.fileno())
+                self.watched = Watched()
+                self.transport = await spawn(self.watched, {WARM_FD: str(theirs.fileno())}, theirs.fileno())
+                self.pid = self.transport.get_pid()
                 ours.setblocking(False)
                 self.sock = ours
                 loop.add_reader(ours.fileno(), self.readable)
@@ -226,8 +243,17 @@ class WarmPython(object):
         if self.forked:
             asyncio.get_event_loop().call_later(POLL, self.orphaned)
 
-    def close(self):
+    async def end(self, wait):
+        """The agent ends: the socket closed, the interpreter exits (up to ``wait`` seconds;
+        then the agent's end kills what is left)."""
         if self.sock is not None:
             asyncio.get_event_loop().remove_reader(self.sock.fileno())
             self.sock.close()
             self.sock = None
+        if self.watched is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self.watched.gone), wait)
+            except asyncio.TimeoutError:
+                pass
+        if self.transport is not None:
+            self.transport.close()
