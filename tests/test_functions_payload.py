@@ -286,3 +286,16 @@ def test_a_result_in_the_results_folder_is_read_as_untrusted_input(tmp_path: Pat
     error = read_outcome(results, call.name, "h8").error
     assert isinstance(error, CallError) and "\n" not in str(error), error
     assert str(error).startswith(f"call {call.name}: {folder / where} (a call's ")
+
+
+def test_only_folders_that_exist_join_the_calls_sys_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The folders of this script's sys.path inside the copied-forward folder go to the host's
+    sys.path; an editable install's finder puts a made-up entry there ("__editable__...
+    __path_hook__", relative, so inside the folder), which is nothing and stays home."""
+    from ssh_scheduler.functions.payload import _import_folders
+
+    monkeypatch.chdir(tmp_path)  # the script runs in its folder: a relative entry lies in it
+    (tmp_path / "src").mkdir()
+    (tmp_path / "deps.zip").write_bytes(b"PK\x05\x06" + bytes(18))  # a zip on sys.path: importable, kept
+    path = (str(tmp_path / "src"), "__editable__.pkg-0.1.0.finder.__path_hook__", str(tmp_path / "deps.zip"), "")
+    assert _import_folders(tmp_path, path, str(tmp_path)) == ("src", "deps.zip", ".")

@@ -149,6 +149,10 @@ def _import_folders(base_dir: Path, path: tuple[str, ...], cwd: str) -> tuple[st
             folder = Path(entry or cwd).resolve()
         except OSError:
             continue
+        # Only what is there: a path hook's made-up entry (an editable install's finder puts
+        # "__editable__...__path_hook__" on sys.path) resolves into the folder and is nothing.
+        if not folder.exists():
+            continue
         if folder == base or base in folder.parents:
             rel = folder.relative_to(base).as_posix() or "."
             if rel not in found:
