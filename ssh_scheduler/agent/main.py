@@ -347,6 +347,24 @@ def main(root="~/.ssh_scheduler", token="", code=None, opened=None):
         loop.run_until_complete(agent.serve(name))
     finally:
         loop.close()
+    leave()
+
+
+def leave():
+    """The agent's end, without the interpreter's own: tearing down its modules and objects one
+    by one cost ~15 ms of CPU on every host at every batch's end, inside the batch's time (the
+    coordinator waits for the channel to close).  What that end would do that matters is done
+    first: the threads that are no daemons (a put's, in the loop's executor) are waited for, as
+    at any exit, and the standard streams flushed."""
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is not None:
+        shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(0)
 
 
 if __name__ == "__main__":
