@@ -41,6 +41,7 @@ from ssh_scheduler.transport.base import (
     ExecResult,
     OutputSink,
     describe,
+    file_channel_timeout,
 )
 from ssh_scheduler.transport.hub_place import (
     KEEP_WARM_VARIABLE,
@@ -363,7 +364,7 @@ class HubTransport:
         return AgentProcess(writer, BoundedLines(stream), closer, exit_details, lambda: self._close_stream(writer))
 
     async def open_file_channel(self) -> None:
-        _, writer, _ = await self._request({"op": "sftp"})
+        _, writer, _ = await self._request({"op": "sftp"}, within=file_channel_timeout(self.machine) + REACH_TIMEOUT)
         self._close_stream(writer)
 
     async def upload(self, local: Path, remote: str, mode: int) -> int:

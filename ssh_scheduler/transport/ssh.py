@@ -49,6 +49,7 @@ from ssh_scheduler.transport.base import (
     SizeLimitExceeded,
     Transport,
     describe,
+    file_channel_within,
     os_reason,
     printable,
     pump,
@@ -288,7 +289,7 @@ class SSHTransport:
         try:
             async with self._sftp_lock:
                 if self._sftp is None:
-                    self._sftp = await self.conn.start_sftp_client()
+                    self._sftp = await file_channel_within(self.machine, self.conn.start_sftp_client())
         except asyncssh.ChannelOpenError as exc:
             raise AgentStartError(
                 f"{self.machine.name}: sshd refused a second session on the connection "
@@ -302,7 +303,7 @@ class SSHTransport:
     async def sftp(self) -> Any:
         async with self._sftp_lock:
             if self._sftp is None:
-                self._sftp = await self._with_retry(self.conn.start_sftp_client)
+                self._sftp = await file_channel_within(self.machine, self._with_retry(self.conn.start_sftp_client))
             return self._sftp
 
     async def upload(self, local: Path, remote: str, mode: int) -> int:

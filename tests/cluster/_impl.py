@@ -85,6 +85,8 @@ class HostSpec:
     max_startups: str = "10:30:100"
     loadavg: float = 0.0
     name: str | None = None
+    sftp_server: str = "internal-sftp"
+    """sshd's ``Subsystem sftp``: another command makes an sftp server that never answers."""
 
 
 def _spec_from_dict(d: dict[str, Any]) -> HostSpec:
@@ -481,7 +483,7 @@ class Host:
             f"MaxSessions {s.max_sessions}",
             f"MaxStartups {s.max_startups}",
             "LogLevel ERROR",
-            "Subsystem sftp internal-sftp",
+            f"Subsystem sftp {s.sftp_server}",
         ]
         if self.cluster.sshd_version >= (9, 8):
             lines.append("PerSourcePenalties no")
