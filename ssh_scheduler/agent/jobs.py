@@ -278,12 +278,17 @@ class JobSupervision(object):
                 return transport
             except OSError:
                 pass
+        return await self.by_shell(loop, protocol, cmd, cwd, env, stdout=asyncio.subprocess.PIPE,
+                                   stderr=asyncio.subprocess.PIPE)
+
+    async def by_shell(self, loop, protocol, cmd, cwd, env, **pipes):
+        """``cmd`` run by the job shell rule (the shell's own arguments always the same, the
+        command in its environment), in a session of its own, stdin from /dev/null."""
         env = dict(env)
         env[COMMAND_VAR] = "unset %s; %s" % (COMMAND_VAR, cmd)  # its first line stays line 1
         transport, _ = await loop.subprocess_exec(
             lambda: protocol, *self.shell, "-c", SHELL_LINE, cwd=cwd, env=env,
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, start_new_session=True)
+            stdin=asyncio.subprocess.DEVNULL, start_new_session=True, **pipes)
         return transport
 
     async def warm_spawn(self, warm, protocol, folder, cwd, env):
@@ -301,11 +306,8 @@ class JobSupervision(object):
             start_env = dict(os.environ)
             start_env.update(warm.env)
             start_env.update(extra)
-            start_env[COMMAND_VAR] = "unset %s; %s" % (COMMAND_VAR, warm.start)
-            transport, _ = await loop.subprocess_exec(
-                lambda: watched, *self.shell, "-c", SHELL_LINE, cwd=cwd, env=start_env,
-                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.DEVNULL, start_new_session=True, pass_fds=(fd,))
+            transport = await self.by_shell(loop, watched, warm.start, cwd, start_env, pass_fds=(fd,),
+                                            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
             self.children.add(transport.get_pid())  # never swept as something a job left
             return transport
 

@@ -135,9 +135,8 @@ def file_channel_timeout(machine: Machine) -> float:
 
 async def file_channel_within(machine: Machine, opening: Awaitable[Any]) -> Any:
     """``opening`` (the SFTP channel opened and its server's first answer read) within
-    :func:`file_channel_timeout`: an sftp server that never answers (seen in 2 of 6 cold starts
-    of 256 hosts on a loaded machine: the channel open, no answer for minutes) makes the host
-    lost, said as such, where the batch waited for it forever."""
+    :func:`file_channel_timeout`: an sftp server that never answers makes the host lost, said
+    as such, where the host was silently never used (its opening waited without end)."""
     seconds = file_channel_timeout(machine)
     try:
         return await asyncio.wait_for(opening, seconds)
