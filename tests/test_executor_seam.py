@@ -25,7 +25,7 @@ from ssh_scheduler.events import Event, EventBus, JobFinished, JobStarted
 from ssh_scheduler.executors import backends
 from ssh_scheduler.executors.base import OutputSink, RunRequest, ShellCommand, shell_line
 from ssh_scheduler.executors.host import AgentExecutor, open_executor
-from ssh_scheduler.executors.session import JobExit
+from ssh_scheduler.executors.job_events import JobExit
 from ssh_scheduler.executors.stage_plan import StagePlan
 from ssh_scheduler.jobs.batch_file import Job
 from ssh_scheduler.jobs.forward import ForwardSet

@@ -25,9 +25,9 @@ from ssh_scheduler.machines.slurm import SlurmSettings
 from ssh_scheduler.transport import hub_agent, hub_client, hub_pool
 from ssh_scheduler.transport.base import AgentProcess, SizeLimitExceeded
 from ssh_scheduler.transport.hub_agent import AgentLink
+from ssh_scheduler.transport.hub_ask import hub_status
 from ssh_scheduler.transport.hub_client import (
     HubTransport,
-    hub_status,
     keep_warm_of,
     open_via_hub,
 )

@@ -34,7 +34,7 @@ from ssh_scheduler.jobs.batch_file import Job
 from ssh_scheduler.jobs.needs import Needs
 from ssh_scheduler.machines.config import load_machine
 from ssh_scheduler.machines.machine import Machine
-from ssh_scheduler.transport.hub_client import hub_status, stop_hub
+from ssh_scheduler.transport.hub_ask import hub_status, stop_hub
 from ssh_scheduler.transport.hub_place import KEEP_WARM_VARIABLE, hub_key
 from ssh_scheduler.transport.ssh import connect
 from tests.cluster import Cluster, Host, HostSpec

@@ -36,7 +36,7 @@ from ssh_scheduler.cli.warm_place import (
     loading_launchers,
     running_launchers,
 )
-from ssh_scheduler.transport import hub_client, hub_place
+from ssh_scheduler.transport import hub_ask, hub_client, hub_place
 from ssh_scheduler.transport.hub_place import (
     KEEP_WARM_VARIABLE,
     private_folder,
@@ -459,7 +459,7 @@ def test_the_command_waits_for_the_hub_it_started_first_thing_and_starts_no_othe
         hub_client.start_hub(path)  # waits for that one's "ready"
         assert path.exists() and take_early(path) is None
     finally:
-        hub_client.stop_hub()
+        hub_ask.stop_hub()
         shutil.rmtree(runtime, ignore_errors=True)
 
 
@@ -482,7 +482,7 @@ def test_a_hub_started_first_thing_that_listens_already_leaves_no_zombie(monkeyp
         # Its first process (which forked the hub away and exited) was reaped, its pipe closed.
         assert starting.process.returncode == 0 and take_early(path) is None
     finally:
-        hub_client.stop_hub()
+        hub_ask.stop_hub()
         shutil.rmtree(runtime, ignore_errors=True)
 
 

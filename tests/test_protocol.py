@@ -14,7 +14,7 @@ import pytest
 from ssh_scheduler.agent import main as agent
 from ssh_scheduler.agent import protocol as P
 from ssh_scheduler.agent import wire as W
-from ssh_scheduler.executors import session as runner
+from ssh_scheduler.executors import job_events
 from ssh_scheduler.transport.bootstrap import agent_start
 from tests.hostile_server import HostileServer
 
@@ -65,10 +65,10 @@ def test_every_request_has_a_handler_in_the_agent() -> None:
 
 
 def test_every_answer_is_decoded_by_the_coordinator() -> None:
-    # Replies are what some request waits for; events each have their handler in the runner.
+    # Replies are what some request waits for; events each have their handler in executors/job_events.py.
     awaited = {c.REPLY for c in REQUESTS if c.REPLY is not None}
     assert [c.TAG for c in REPLIES if c not in awaited and c is not P.Error] == []
-    handled = runner.HostSession._job_events
+    handled = job_events.JOB_EVENTS
     assert [c.TAG for c in EVENTS if c not in handled] == []
     assert all(issubclass(reply, W.Reply) for reply in awaited)
 

@@ -24,7 +24,7 @@ from bench_driver.base import PY, REPO, VENV_BIN, log
 from bench_driver.disk import Disk
 from bench_driver.measure import Cmd, host_tcp
 from ssh_scheduler.cli.warm_place import loading_launchers, running_launchers
-from ssh_scheduler.transport.hub_client import hub_status
+from ssh_scheduler.transport.hub_ask import hub_status
 from tests.cluster import Cluster, GpuSpec, HostSpec, start_cluster
 
 

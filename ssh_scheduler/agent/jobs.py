@@ -171,10 +171,9 @@ class JobSupervision(object):
         """TERM the job's tree, wait (for its exit, not by polling) up to ``grace``, then KILL."""
         self.kill_tree(job, signal.SIGTERM)
         if job.running and job.ended is not None:
-            try:
-                await asyncio.wait_for(asyncio.shield(job.ended), grace)
-            except asyncio.TimeoutError:
-                pass
+            # asyncio.wait leaves job.ended alone, as a shield would, and never swallows this
+            # task's cancellation, as wait_for can (up to Python 3.11) when both come at once.
+            await asyncio.wait({job.ended}, timeout=grace)
         self.kill_tree(job, signal.SIGKILL)
 
     # -- requests ---------------------------------------------------------------------------------
@@ -244,10 +243,7 @@ class JobSupervision(object):
         except (ProcessLookupError, PermissionError):
             pass
         self.sweep_later(job)
-        try:
-            await asyncio.wait_for(asyncio.shield(protocol.drained), 2.0)
-        except asyncio.TimeoutError:
-            pass
+        await asyncio.wait({protocol.drained}, timeout=2.0)
         protocol.close_files()
         code = transport.get_returncode()
         transport.close()

@@ -302,17 +302,25 @@ class Agent(JobSupervision, FileOperations):
             return 127, "%s: %s" % (argv[0], exc)
         finally:
             self.spawning -= 1
+        # asyncio.wait, not wait_for: wait_for (up to Python 3.11) can swallow this task's
+        # cancellation when it comes as the output does.
+        reading = asyncio.ensure_future(proc.communicate())
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout)
-        except asyncio.TimeoutError:
-            try:
-                proc.kill()
-            except ProcessLookupError:
-                pass
-            await proc.wait()
-            return 127, "%s: no answer within %g s" % (argv[0], timeout)
+            done, _ = await asyncio.wait({reading}, timeout=timeout)
+            if not done:
+                reading.cancel()
+                try:
+                    proc.kill()
+                except ProcessLookupError:
+                    pass
+                await proc.wait()
+                return 127, "%s: no answer within %g s" % (argv[0], timeout)
+        except asyncio.CancelledError:
+            reading.cancel()
+            raise
         finally:
             self.children.discard(proc.pid)
+        out, err = reading.result()
         return proc.returncode, (out + err).decode("utf-8", "replace")
 
 

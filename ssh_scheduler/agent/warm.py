@@ -160,10 +160,8 @@ class WarmPython(object):
         finally:
             for fd in ends:
                 os.close(fd)
-        try:
-            error = await asyncio.wait_for(asyncio.shield(answer), FORK_WAIT)
-        except asyncio.TimeoutError:
-            error = "no answer in %g s" % FORK_WAIT
+        done, _ = await asyncio.wait({answer}, timeout=FORK_WAIT)  # (see jobs.kill_job)
+        error = answer.result() if done else "no answer in %g s" % FORK_WAIT
         if error is not None:
             self.asked.pop(number, None)
             proc.close()
@@ -251,9 +249,6 @@ class WarmPython(object):
             self.sock.close()
             self.sock = None
         if self.watched is not None:
-            try:
-                await asyncio.wait_for(asyncio.shield(self.watched.gone), wait)
-            except asyncio.TimeoutError:
-                pass
+            await asyncio.wait({self.watched.gone}, timeout=wait)
         if self.transport is not None:
             self.transport.close()

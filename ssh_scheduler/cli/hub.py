@@ -16,7 +16,7 @@ import typer
 
 from ssh_scheduler.cli.common import err_line, out_line
 from ssh_scheduler.cli.warm_place import running_launchers
-from ssh_scheduler.transport.hub_client import hub_folder, hub_status, stop_hub
+from ssh_scheduler.transport.hub_ask import hub_folder, hub_status, stop_hub
 
 __all__ = ["hub", "hub_lines"]
 

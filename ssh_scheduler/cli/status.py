@@ -26,7 +26,7 @@ from ssh_scheduler.errors import SchedulerError, plain_text
 from ssh_scheduler.jobs.options import option
 from ssh_scheduler.results.journal import JOURNAL_NAME, read_journal
 from ssh_scheduler.results.status import fold_journal, joblog_lines, status_json, status_lines
-from ssh_scheduler.transport.hub_client import hub_status
+from ssh_scheduler.transport.hub_ask import hub_status
 
 ResultsArg = Annotated[Path, typer.Argument(help="the batch's results folder")]
 ResultsOpt = Annotated[Path, typer.Option("--results-dir", help="the batch's results folder")]

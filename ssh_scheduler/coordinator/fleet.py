@@ -43,7 +43,7 @@ from ssh_scheduler.coordinator.fleet_output import (
 from ssh_scheduler.errors import ConfigError, SchedulerError
 from ssh_scheduler.executors.session import DEFAULT_LEASE, HostSession
 from ssh_scheduler.machines.machine import Machine
-from ssh_scheduler.transport.base import Transport
+from ssh_scheduler.transport.base import Transport, bounded
 from ssh_scheduler.transport.ssh import connect
 
 if TYPE_CHECKING:  # the files path imports them when used: ~35 ms of every plain start
@@ -251,7 +251,7 @@ async def _run_with_files(
         ended = await run.run()
         if session.lost is None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(run.discard(), 30)
+                await bounded(run.discard(), 30)
     if ended.timed_out:
         raise _TimedOut
     if ended.host_lost or ended.code is None:

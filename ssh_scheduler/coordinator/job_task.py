@@ -26,6 +26,7 @@ from ssh_scheduler.jobs.forward import ForwardSet, Hasher, collect_forward
 from ssh_scheduler.machines.machine import Machine
 from ssh_scheduler.planner.actions import Action, Commit, Discard, StartJob
 from ssh_scheduler.planner.plan import Planner
+from ssh_scheduler.transport.base import bounded
 
 __all__ = ["JobTasks"]
 
@@ -160,7 +161,7 @@ class JobTasks:
         except asyncio.CancelledError:
             self._perform(planner.job_cancelled(name))
             with contextlib.suppress(Exception):
-                await asyncio.shield(asyncio.wait_for(executor.remove(request.jobdir, name), 10))
+                await asyncio.shield(bounded(executor.remove(request.jobdir, name), 10))
             raise
 
     async def _commit(self, run: JobRun, output: OutputFiles, ended: Ended) -> tuple[Ended, int]:

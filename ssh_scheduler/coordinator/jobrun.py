@@ -33,6 +33,7 @@ from ssh_scheduler.events import TIMED_OUT, Ended
 from ssh_scheduler.executors.base import Executor, RunRequest
 from ssh_scheduler.executors.transfer import BudgetSpent, CopyBackReport, CopyBudget, Destination
 from ssh_scheduler.results.local_folder import local_write_error, open_results_folder
+from ssh_scheduler.transport.base import bounded
 
 __all__ = ["Committed", "JobRun", "Output", "OutputFiles", "job_environment"]
 
@@ -265,7 +266,7 @@ class JobRun:
                         return self.ended_by_timeout(seconds)
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
-                await asyncio.shield(asyncio.wait_for(executor.remove(request.jobdir, request.name), 10))
+                await asyncio.shield(bounded(executor.remove(request.jobdir, request.name), 10))
             raise
         if exit_.host_lost:
             return Ended(None, host_lost=True, message=exit_.message or "connection lost")

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, assert_never
 
-from ssh_scheduler.executors.session import JobExit
+from ssh_scheduler.executors.job_events import JobExit
 from ssh_scheduler.executors.stage_plan import StagePlan
 from ssh_scheduler.executors.transfer import CopyBackReport, CopyLimits
 from ssh_scheduler.jobs.forward import ForwardSet

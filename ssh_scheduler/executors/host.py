@@ -15,8 +15,9 @@ from typing import Any
 
 from ssh_scheduler.errors import ConfigError, ProbeError, TransportError
 from ssh_scheduler.executors.base import OutputSink, RunRequest, shell_line
+from ssh_scheduler.executors.job_events import JobExit
 from ssh_scheduler.executors.python_call import call_files, warm_interpreter, work_inputs
-from ssh_scheduler.executors.session import DEFAULT_LEASE, HostSession, JobExit
+from ssh_scheduler.executors.session import DEFAULT_LEASE, HostSession
 from ssh_scheduler.executors.stage_plan import StagePlan
 from ssh_scheduler.executors.transfer import (
     CopyBackReport,

@@ -11,49 +11,33 @@ most ``P.MAX_LINE`` bytes (``P.MAX_OUTPUT_LINE`` for an ``out`` event); past it,
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import itertools
 import logging
 import posixpath
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import Any, TypeVar
 
 from ssh_scheduler.agent import protocol as P
 from ssh_scheduler.agent import wire as W
 from ssh_scheduler.agent.boot import REFUSED as AGENT_REFUSED  # how a refusal line begins
 from ssh_scheduler.errors import AgentStartError, ConnectionLostError, TransportError
 from ssh_scheduler.executors.agent_checks import agent_start_cause, work_root
+from ssh_scheduler.executors.job_events import JOB_EVENTS, JobExit, RunningJob
 from ssh_scheduler.executors.stage_plan import StagePlan
-from ssh_scheduler.transport.base import AgentProcess, Transport, describe, printable
+from ssh_scheduler.transport.base import (
+    AgentProcess,
+    Transport,
+    bounded,
+    describe,
+    printable,
+    stopped,
+)
 
 DEFAULT_LEASE = 60.0
 R = TypeVar("R", bound=W.Reply)
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class JobExit:
-    """How a job ended: ``code`` is its exit status (128+n for signal n), or None when the host
-    was lost before the job's end could be seen."""
-
-    code: int | None
-    host_lost: bool = False
-    message: str | None = None
-    entries: object = None  # the results listing, when the run asked for one (P.decode_listing)
-    missing: tuple[str, ...] = ()  # it never ran: these inputs were gone from the host's cache
-
-
-@dataclass(slots=True)
-class _RunningJob:
-    on_output: Callable[[int, bytes], None]
-    on_started: Callable[[int], None]
-    on_limit: Callable[[], None] = lambda: None
-    room: int | None = None  # bytes of output still accepted (None: no limit)
-    limit: int | None = None
-    done: asyncio.Future[JobExit] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
 class HostSession:
@@ -83,7 +67,7 @@ class HostSession:
         self.agent: AgentProcess | None = None
         self._ids = itertools.count(1)
         self._calls: dict[int, asyncio.Future[W.Message]] = {}
-        self._jobs: dict[str, _RunningJob] = {}
+        self._jobs: dict[str, RunningJob] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._write_lock = asyncio.Lock()
         self._outbox: list[bytes] = []
@@ -153,15 +137,11 @@ class HostSession:
             with contextlib.suppress(Exception):
                 await self._send(P.Bye())
                 self._flush()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await stopped(*self._tasks)
         self._tasks.clear()
         if self.agent is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.agent.close(), 5)
+                await bounded(self.agent.close(), 5)
         self._mark_lost("session closed")
 
     # -- wire -------------------------------------------------------------------------------------
@@ -220,7 +200,7 @@ class HostSession:
         self, request: W.Request, future: asyncio.Future[W.Message], reply: type[R], timeout: float | None
     ) -> R:
         try:
-            answer = await asyncio.wait_for(future, timeout)
+            answer = await bounded(future, timeout)
         except TimeoutError:
             raise ConnectionLostError(
                 f"{describe(self.machine)}: the agent did not answer {request.TAG!r} in {timeout:g} s"
@@ -286,7 +266,7 @@ class HostSession:
         if isinstance(message, W.Event):
             running = self._jobs.get(message.job)
             if running is not None:
-                self._job_events[type(message)](running, message)
+                JOB_EVENTS[type(message)](running, message)
             return
         call = self._calls.get(message.id) if message.id is not None else None
         if call is not None and not call.done():
@@ -295,61 +275,6 @@ class HostSession:
             running = self._jobs[message.job]
             if not running.done.done():
                 running.done.set_result(JobExit(127, message=printable(message.message)))
-
-    # What the coordinator does with each event the agent may send about a job (every Event in
-    # protocol.py must be here: tests/test_protocol.py checks).
-    @staticmethod
-    def _on_output(running: _RunningJob, event: P.Output) -> None:
-        if event.fd not in (1, 2):
-            raise W.ProtocolError(f"'out': fd {event.fd} is neither 1 nor 2 (job {event.job})")
-        try:
-            data = base64.b64decode(event.data, validate=True)
-        except ValueError:
-            raise W.ProtocolError(f"'out': data is not base64 (job {event.job})") from None
-        if running.room is not None:  # the host is held to the limit too, whatever it sends
-            if running.room < 0:
-                return
-            if len(data) > running.room:
-                running.on_output(event.fd, data[: running.room])
-                HostSession._over_limit(running)
-                running.on_limit()
-                return
-            running.room -= len(data)
-        running.on_output(event.fd, data)
-
-    @staticmethod
-    def _over_limit(running: _RunningJob) -> None:
-        running.room = -1  # said once; any later output is dropped
-        running.on_output(2, (
-            f"\nssh_scheduler: the job's output passed the limit of {running.limit} bytes "
-            f"(--max-output-bytes); the job was killed\n").encode())
-
-    @staticmethod
-    def _on_started(running: _RunningJob, event: P.Started) -> None:
-        running.on_started(event.pid)
-
-    @staticmethod
-    def _on_exit(running: _RunningJob, event: P.Exit) -> None:
-        if running.done.done():
-            return
-        if event.message == P.OUTPUT_LIMIT and running.room is not None and running.room >= 0:
-            HostSession._over_limit(running)  # the agent stopped it at the limit
-        if event.missing:  # inputs gone from its cache: the executor sends them, tries again
-            ended = JobExit(None, message=printable(event.message), missing=tuple(event.missing))
-        elif event.lost is not None:  # its output is incomplete: whatever its status, not good
-            ended = JobExit(None, message=printable(event.lost, 500))
-        elif event.code is None:  # staging failed, or the agent does not know the job
-            ended = JobExit(None, host_lost=True, message=printable(event.message))
-        else:
-            ended = JobExit(event.code, message=printable(event.message), entries=event.entries)
-        running.done.set_result(ended)
-
-    _job_events: ClassVar[dict[type[W.Message], Callable[[_RunningJob, Any], None]]] = {
-        P.Output: _on_output,
-        P.Started: _on_started,
-        P.Exit: _on_exit,
-        P.Notice: lambda running, event: None,  # said by _notice, once per host rather than per job
-    }
 
     def _notice(self, notice: P.Notice) -> None:
         """Said once per host and cause (its copy of jobs' output failed), however many jobs."""
@@ -471,7 +396,7 @@ class HostSession:
         on_started: Callable[[int], None],
         max_output: int | None = None,
     ) -> JobExit:
-        running = _RunningJob(on_output, on_started, room=max_output, limit=max_output)
+        running = RunningJob(on_output, on_started, room=max_output, limit=max_output)
 
         def over_limit() -> None:
             task = asyncio.create_task(self.kill(job, grace=1.0))
@@ -487,7 +412,7 @@ class HostSession:
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
                 await self.kill(job, grace=5.0)
-                await asyncio.wait_for(asyncio.shield(running.done), 10)
+                await bounded(asyncio.shield(running.done), 10)
             raise
         finally:
             self._jobs.pop(job, None)

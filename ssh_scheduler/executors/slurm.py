@@ -31,8 +31,8 @@ from ssh_scheduler.errors import ConnectionLostError, TransportError
 from ssh_scheduler.executors import slurm_jobs as S
 from ssh_scheduler.executors.base import OutputSink, RunRequest, shell_line
 from ssh_scheduler.executors.host import AgentExecutor, open_executor
+from ssh_scheduler.executors.job_events import JobExit
 from ssh_scheduler.executors.python_call import work_inputs
-from ssh_scheduler.executors.session import JobExit
 from ssh_scheduler.executors.slurm_array import ARRAY_MARK, parse_array_script
 from ssh_scheduler.executors.slurm_submit import Submitter
 from ssh_scheduler.executors.stage_plan import StagePlan
@@ -40,6 +40,7 @@ from ssh_scheduler.jobs.needs import Needs
 from ssh_scheduler.machines.host_state import HostState, OwnUsage
 from ssh_scheduler.machines.machine import Machine
 from ssh_scheduler.machines.slurm import SlurmSettings, queue_state
+from ssh_scheduler.transport.base import stopped
 
 __all__ = ["SlurmExecutor", "open_slurm_executor"]
 
@@ -212,9 +213,7 @@ class SlurmExecutor(AgentExecutor):
         try:
             await self._submitter.close()
             if self._poller is not None:
-                self._poller.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._poller
+                await stopped(self._poller)
             if self.lost is None:
                 with contextlib.suppress(TransportError, TimeoutError):
                     left = [

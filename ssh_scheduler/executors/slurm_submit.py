@@ -21,6 +21,7 @@ from ssh_scheduler.executors.slurm_array import (
     shared_options,
 )
 from ssh_scheduler.machines.slurm import SlurmSettings
+from ssh_scheduler.transport.base import stopped
 
 __all__ = ["Submitter"]
 
@@ -74,9 +75,7 @@ class Submitter:
 
     async def close(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stopped(self._task)
 
     async def submit(
         self, job: str, jobdir: str, argv: list[str], script: str

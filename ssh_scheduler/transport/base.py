@@ -8,7 +8,7 @@ import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from ssh_scheduler.errors import (
     ConnectionLostError,
@@ -17,6 +17,7 @@ from ssh_scheduler.errors import (
 )
 from ssh_scheduler.machines.machine import Machine
 
+T = TypeVar("T")
 KEEPALIVE_INTERVAL = 10.0
 KEEPALIVE_COUNT_MAX = 3
 PREFERRED_CIPHERS = (
@@ -127,6 +128,37 @@ def describe(machine: Machine) -> str:
     return f"{machine.name} ({user}{machine.host}{port})"
 
 
+async def bounded(awaitable: Awaitable[T], seconds: float | None) -> T:
+    """``await awaitable``, TimeoutError after ``seconds``: asyncio.wait_for without its flaw.
+    Python 3.11's wait_for returns the result when its task is cancelled in the same moment the
+    awaited thing completes, and the cancelled task goes on as if never cancelled (a closing
+    HubTransport waited for ever on its keepalive loop that way, once in a 256-host batch).
+    tests/test_cancellation.py keeps wait_for out of the package (the agent, on the hosts'
+    Python 3.8 and later, has no asyncio.timeout: it waits with asyncio.wait)."""
+    async with asyncio.timeout(seconds):
+        return await awaitable
+
+
+async def stopped(*tasks: asyncio.Task[Any]) -> None:
+    """Cancel ``tasks``, wait until each has ended (their ends, exceptions included, are
+    theirs), and then raise the caller's own cancellation if one came meanwhile: suppressing
+    CancelledError around ``await task`` swallowed it, and the caller went on as if never
+    cancelled.  The tasks are ours and end once cancelled, so the wait is short."""
+    for task in tasks:
+        task.cancel()
+    own: asyncio.CancelledError | None = None
+    while tasks and not all(task.done() for task in tasks):
+        try:
+            await asyncio.wait(tasks)
+        except asyncio.CancelledError as exc:
+            own = exc  # raised once they have ended: cancelling kills, waits, re-raises
+    for task in tasks:
+        if not task.cancelled():
+            task.exception()  # retrieved: asyncio logs one nobody looked at
+    if own is not None:
+        raise own
+
+
 def file_channel_timeout(machine: Machine) -> float:
     """Seconds the SFTP channel may take to open and answer: three times the connection's own
     bound (``connect_timeout``), as the channel opens on a connection already made."""
@@ -139,7 +171,7 @@ async def file_channel_within(machine: Machine, opening: Awaitable[Any]) -> Any:
     as such, where the host was silently never used (its opening waited without end)."""
     seconds = file_channel_timeout(machine)
     try:
-        return await asyncio.wait_for(opening, seconds)
+        return await bounded(opening, seconds)
     except TimeoutError:
         raise ConnectionLostError(
             f"{describe(machine)}: its SFTP channel did not answer within {seconds:g} s "

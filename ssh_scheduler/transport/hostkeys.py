@@ -3,7 +3,6 @@ the messages for an unknown or changed key."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import shlex
@@ -18,7 +17,7 @@ from ssh_scheduler.errors import (
 )
 from ssh_scheduler.machines.machine import Machine
 from ssh_scheduler.transport.auth import proxy_command_argv
-from ssh_scheduler.transport.base import describe
+from ssh_scheduler.transport.base import bounded, describe
 
 
 def default_known_hosts() -> list[str]:
@@ -148,7 +147,7 @@ async def fetch_host_key(machine: Machine, tunnel: Any = None) -> Any:
     """The key the host offers now (from a handshake that trusts nothing and logs in nowhere)."""
     import asyncssh
 
-    return await asyncio.wait_for(
+    return await bounded(
         asyncssh.get_server_host_key(
             machine.host,
             machine.port,

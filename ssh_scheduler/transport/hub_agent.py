@@ -35,7 +35,7 @@ from collections.abc import Callable
 
 from ssh_scheduler.agent import protocol as P
 from ssh_scheduler.agent import wire as W
-from ssh_scheduler.transport.base import CHUNK, AgentProcess
+from ssh_scheduler.transport.base import CHUNK, AgentProcess, bounded
 from ssh_scheduler.transport.hub_wire import END, OUT, frame, json_frame
 from ssh_scheduler.transport.lines import BoundedLines
 
@@ -218,7 +218,7 @@ class AgentLink:
         try:
             self.agent.write(P.Adopt(id=0, token=token).encode())
             await self.agent.drain()
-            ok = await asyncio.wait_for(asyncio.shield(self._adopted), ADOPT_WAIT)
+            ok = await bounded(asyncio.shield(self._adopted), ADOPT_WAIT)
         except Exception as exc:  # the channel broke, or no answer in time
             log.debug("a spare agent was not adopted: %s", exc)
             ok = False
@@ -230,7 +230,7 @@ class AgentLink:
 
     async def _settled(self) -> bool:
         try:
-            await asyncio.wait_for(self._quiet.wait(), QUIET_WAIT)
+            await bounded(self._quiet.wait(), QUIET_WAIT)
         except TimeoutError:
             return False
         return not self.ended

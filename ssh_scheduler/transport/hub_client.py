@@ -9,8 +9,7 @@ messages.  Whatever goes wrong with the hub itself (none can start, it refuses u
 user's, it died, it is stuck) gives ``None``, and the caller connects directly: slower, never
 wrong, never a hang.  A hub that dies while lent is a lost connection, as a cut network is.
 
-The command line asks the hub what it holds and tells it to stop (:func:`hub_status`,
-:func:`stop_hub`).
+The command line asks the hubs what they hold and tells them to stop in hub_ask.py.
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ import os
 import select
 import socket
 import subprocess
-import sys
 import time
 import weakref
 from collections.abc import Callable
@@ -40,15 +38,17 @@ from ssh_scheduler.transport.base import (
     AgentProcess,
     ExecResult,
     OutputSink,
+    bounded,
     describe,
     file_channel_timeout,
+    stopped,
 )
 from ssh_scheduler.transport.hub_place import (
     KEEP_WARM_VARIABLE,
-    SOCKET_PREFIX,
+    REACH_TIMEOUT,
+    SUPPORTED,
     HubAbsent,
     HubUnusable,
-    folder_path,
     keep_warm_seconds,
     lock_path,
     private_folder,
@@ -68,19 +68,14 @@ from ssh_scheduler.transport.hub_wire import (
     send_request,
 )
 from ssh_scheduler.transport.lines import BoundedLines
-from ssh_scheduler.transport.unix_socket import peer_uid
 
 log = logging.getLogger(__name__)
 
 START_TIMEOUT = 20.0
 """Seconds a starting hub may take to listen (python3 and asyncssh to import, on a busy host)."""
-REACH_TIMEOUT = 5.0
-"""Seconds to reach a running hub's socket."""
 AGENT_REPLY_TIMEOUT = 60.0
 """Seconds the hub has to answer a request for an agent (its longest path takes well under half
 of it: a spare waited for, refused, a kept agent closed, one started); past it, the host is lost."""
-SUPPORTED = sys.platform == "linux"
-"""Peer credentials (SO_PEERCRED) and /proc/self/fd: elsewhere every command connects directly."""
 _borrowed: set[Path] = set()
 _on_hub_use: list[Callable[[], None]] = []
 _starting: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Future[None]] = weakref.WeakKeyDictionary()
@@ -142,9 +137,9 @@ async def open_via_hub(machine: Machine, *, accept_new: bool = False, keepalive:
         # The hub says at once that it took the request (a stopped or stuck hub says nothing and
         # is given up quickly), then may connect for us: as long as a direct connect may take,
         # with its host-key lookup, and room to spare.
-        reply = json.loads(await asyncio.wait_for(reader.readline(), REACH_TIMEOUT))
+        reply = json.loads(await bounded(reader.readline(), REACH_TIMEOUT))
         if isinstance(reply, dict) and reply.get("accepted"):
-            reply = json.loads(await asyncio.wait_for(reader.readline(), machine.connect_timeout * 3 + 30))
+            reply = json.loads(await bounded(reader.readline(), machine.connect_timeout * 3 + 30))
     except (OSError, ValueError, TimeoutError) as exc:
         writer.close()
         log.debug("%s: the hub gave no answer (%s); connecting directly", machine.name, exc or "it ended")
@@ -294,7 +289,7 @@ class HubTransport:
                 await asyncio.sleep(KEEPALIVE_INTERVAL)
                 writer.write(b"ping\n")
                 await writer.drain()
-                if await asyncio.wait_for(reader.readline(), KEEPALIVE_INTERVAL * KEEPALIVE_COUNT_MAX) != b"pong\n":
+                if await bounded(reader.readline(), KEEPALIVE_INTERVAL * KEEPALIVE_COUNT_MAX) != b"pong\n":
                     raise ConnectionError("the hub let the connection go")
         except (OSError, TimeoutError) as exc:
             self._lose(f"the connection hub stopped answering ({exc or 'no answer'})")
@@ -327,7 +322,7 @@ class HubTransport:
             raise self._gone(exc) from None
         self._streams.add(writer)
         try:
-            reply = json.loads(await asyncio.wait_for(reader.readline(), within) or b"null")
+            reply = json.loads(await bounded(reader.readline(), within) or b"null")
         except BaseException as exc:
             self._close_stream(writer)
             if isinstance(exc, TimeoutError):
@@ -358,7 +353,7 @@ class HubTransport:
 
         async def exit_details() -> tuple[int | None, str]:
             with contextlib.suppress(TimeoutError):
-                return await asyncio.wait_for(asyncio.shield(details), 11)
+                return await bounded(asyncio.shield(details), 11)
             return None, ""
 
         return AgentProcess(writer, BoundedLines(stream), closer, exit_details, lambda: self._close_stream(writer))
@@ -412,9 +407,7 @@ class HubTransport:
             self._close_stream(writer)
 
     async def close(self) -> None:
-        self._keepalive.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._keepalive
+        await stopped(self._keepalive)
         for stream in list(self._streams):
             stream.close()
         hold = self._hold[1]
@@ -446,55 +439,4 @@ class _AgentStream:
             raise self._transport._gone("it ended while the agent ran")
 
 
-# --- the command line's questions ---------------------------------------------------------------
-
-
-def hub_status() -> list[dict[str, Any]]:
-    """What every hub of this user holds (one answer per hub that answered; blocking)."""
-    return [reply for reply in _ask_all({"op": "status"}) if reply.get("ok")]
-
-
-def stop_hub() -> list[dict[str, Any]]:
-    """Tell every hub of this user to stop (connections lent now finish first); their answers."""
-    return [reply for reply in _ask_all({"op": "stop"}) if reply.get("ok")]
-
-
-def _ask_all(request: dict[str, Any]) -> list[dict[str, Any]]:
-    if not SUPPORTED:
-        return []
-    try:
-        folder = private_folder(create=False)
-    except HubUnusable:
-        return []
-    answers = []
-    for path in sorted(folder.glob(f"{SOCKET_PREFIX}*.sock")):
-        with contextlib.suppress(OSError, ValueError, HubUnusable):
-            answers.append(_ask(path, request))
-    return answers
-
-
-def _ask(path: Path, request: dict[str, Any]) -> dict[str, Any]:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
-        sock.settimeout(REACH_TIMEOUT)
-        sock.connect(str(path))
-        if peer_uid(sock) != os.getuid():
-            raise HubUnusable(f"{path} is not served by us")
-        sock.sendall(json.dumps(request).encode() + b"\n")
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = sock.recv(1 << 16)
-            if not chunk:
-                break
-            data += chunk
-    reply = json.loads(data)
-    if not isinstance(reply, dict):
-        raise ValueError("not an object")
-    return reply
-
-
-def hub_folder() -> Path:
-    """Where the hubs of this user listen (for messages)."""
-    return folder_path()
-
-
-__all__ = ["KEEP_WARM_VARIABLE", "HubTransport", "hub_folder", "hub_status", "keep_warm_of", "open_via_hub", "stop_hub"]
+__all__ = ["KEEP_WARM_VARIABLE", "HubTransport", "keep_warm_of", "open_via_hub"]

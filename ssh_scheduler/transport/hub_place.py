@@ -27,6 +27,10 @@ FOLDER_NAME = "ssh_scheduler"
 KEEP_WARM_VARIABLE = "SSH_SCHEDULER_KEEP_WARM"
 """The default ``keep_warm`` of machines that set none (0: no hub; a CI job, a test suite)."""
 SOCKET_PREFIX = "hub-"
+REACH_TIMEOUT = 5.0
+"""Seconds to reach a running hub's socket."""
+SUPPORTED = sys.platform == "linux"
+"""Peer credentials (SO_PEERCRED) and /proc/self/fd: elsewhere every command connects directly."""
 ENVIRONMENT = ("HOME", "USER", "LOGNAME", "PATH", "SHELL", "SSH_AUTH_SOCK", "KRB5CCNAME")
 """What of the environment a connection depends on (keys and the ssh-agent, ``~``, the login
 name, the ProxyCommand's shell and PATH): part of the hub's key, so the hub that connects for a

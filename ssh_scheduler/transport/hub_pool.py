@@ -35,6 +35,7 @@ from typing import Any
 
 from ssh_scheduler.machines.machine import Machine
 from ssh_scheduler.transport.auth import jump_chain
+from ssh_scheduler.transport.base import bounded
 from ssh_scheduler.transport.hostkeys import KnownHosts, known_hosts_files
 from ssh_scheduler.transport.hub_agent import AgentLink
 from ssh_scheduler.transport.ssh import SSHTransport
@@ -321,7 +322,7 @@ async def answers(transport: SSHTransport, timeout: float) -> bool:
     if request is None:  # another asyncssh: its own keepalives decide
         return not transport.conn.is_closed()
     try:
-        await asyncio.wait_for(request(b"keepalive@openssh.com"), timeout)
+        await bounded(request(b"keepalive@openssh.com"), timeout)
     except Exception:  # no answer in time, or the connection broke meanwhile
         return False
     return not transport.conn.is_closed()

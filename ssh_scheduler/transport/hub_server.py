@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ssh_scheduler.errors import ConnectionLostError, SchedulerError
+from ssh_scheduler.transport.base import bounded
 from ssh_scheduler.transport.hub_place import hub_key, lock_path, private_folder, socket_path
 from ssh_scheduler.transport.hub_pool import Held, Pool
 from ssh_scheduler.transport.hub_wire import (
@@ -192,7 +193,7 @@ class Hub:
                 with contextlib.suppress(OSError):
                     sock.send(reply_line({"ok": False, "refused": f"uid {uid} may not use the hub of uid {os.getuid()}"}))
                 return
-            request, fds = await asyncio.wait_for(receive_request(sock), REQUEST_TIMEOUT)
+            request, fds = await bounded(receive_request(sock), REQUEST_TIMEOUT)
             reader, writer = await asyncio.open_unix_connection(sock=sock, limit=1 << 20)
             sock = None  # type: ignore[assignment]  # the writer owns it now
             try:

@@ -31,7 +31,7 @@ from typing import Any
 from ssh_scheduler import errors
 from ssh_scheduler.machines.machine import Machine
 from ssh_scheduler.machines.slurm import SlurmSettings
-from ssh_scheduler.transport.base import RemoteFileError, SizeLimitExceeded
+from ssh_scheduler.transport.base import RemoteFileError, SizeLimitExceeded, bounded
 from ssh_scheduler.transport.hub_place import HubAbsent, HubUnusable
 from ssh_scheduler.transport.unix_socket import peer_uid, reachable
 
@@ -55,7 +55,7 @@ async def connect_socket(path: Path, timeout: float) -> socket.socket:
     sock.setblocking(False)
     try:
         with reachable(path) as where:
-            await asyncio.wait_for(asyncio.get_running_loop().sock_connect(sock, where), timeout)
+            await bounded(asyncio.get_running_loop().sock_connect(sock, where), timeout)
         uid = peer_uid(sock)
         if uid != os.getuid():
             raise HubUnusable(f"{path} is served by uid {uid}, not by us (uid {os.getuid()}): refused")

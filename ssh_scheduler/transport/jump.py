@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from ssh_scheduler.errors import (
@@ -21,6 +20,7 @@ from ssh_scheduler.transport.auth import (
 from ssh_scheduler.transport.base import (
     KEEPALIVE_COUNT_MAX,
     KEEPALIVE_INTERVAL,
+    bounded,
     describe,
     os_reason,
 )
@@ -41,7 +41,7 @@ async def open_jump_hosts(machine: Machine) -> list[Any]:
             client_keys, _ = load_keys(hop)
             known = KnownHosts(known_hosts_files(hop))
             try:
-                conn = await asyncio.wait_for(
+                conn = await bounded(
                     asyncssh.connect(
                         hop.host,
                         hop.port,

@@ -48,6 +48,7 @@ from ssh_scheduler.transport.base import (
     RemoteFileError,
     SizeLimitExceeded,
     Transport,
+    bounded,
     describe,
     file_channel_within,
     os_reason,
@@ -157,7 +158,7 @@ class SSHTransport:
 
         tunnel = tunnels[-1] if tunnels else None
         try:
-            return await asyncio.wait_for(
+            return await bounded(
                 asyncssh.connect(machine.host, **options), machine.connect_timeout + 5
             )
         except asyncssh.HostKeyNotVerifiable:
@@ -274,9 +275,9 @@ class SSHTransport:
 
         async def exit_details() -> tuple[int | None, str]:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(drainer), 5)
+                await bounded(asyncio.shield(drainer), 5)
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(proc.wait_closed(), 5)
+                await bounded(proc.wait_closed(), 5)
             return proc.exit_status, stderr_tail.decode("utf-8", "replace")
 
         return AgentProcess(proc.stdin, BoundedLines(proc.stdout), closer, exit_details, proc.close)
@@ -365,11 +366,11 @@ class SSHTransport:
                 raise  # the session is stuck: no polite close, it is dropped below
             except BaseException:
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(f.close(), 5)
+                    await bounded(f.close(), 5)
                 raise
             else:
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(f.close(), 5)
+                    await bounded(f.close(), 5)
         except _Stalled:
             await self._drop_sftp()
             raise RemoteFileError(
@@ -430,12 +431,12 @@ class SSHTransport:
             self._sftp.exit()
         self.conn.close()
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.conn.wait_closed(), 2)
+            await bounded(self.conn.wait_closed(), 2)
         # A ProxyCommand runs as our child: wait for it to exit (asyncssh closes its pipes but
         # does not wait), so no process is left unreaped behind a closed connection.
         if self._proxy is not None and hasattr(self._proxy, "wait_closed"):
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._proxy.wait_closed(), 2)
+                await bounded(self._proxy.wait_closed(), 2)
         for tunnel in reversed(self._tunnels):
             tunnel.close()
 
