@@ -362,7 +362,7 @@ def test_a_command_through_the_hub_starts_its_launcher_as_it_ends_not_while_it_r
         assert warm.socket.exists() and lock.read_bytes().split()[0].isdigit()
         done = warm.run("hostname", "--machine", str(host.machine_file), cwd=tmp_path)
         assert (done.returncode, done.stdout) == (0, f"{host.name}\n")
-        assert len(warm.launched()) == 1
+        assert len(warm.launched()) == 1, warm.log.read_text()
     finally:
         subprocess.run([str(BIN / "ssh-scheduler"), "hub", "stop"], env=warm.env, capture_output=True, timeout=60)
         shutil.rmtree(runtime, ignore_errors=True)
