@@ -9,10 +9,11 @@ import hashlib
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from ssh_scheduler.jobs.forward import human_bytes
-from tests.cluster import Cluster, Host
+from tests.cluster import Cluster, GpuSpec, Host, HostSpec
 
 REPO = Path(__file__).resolve().parents[1]
 FAKE_KEY = (
@@ -166,3 +167,56 @@ def test_a_batch_whose_output_goes_into_the_folder_leaves_that_file_home(cluster
     assert listing == ["./b.sh", "./input.txt"], said
     assert "leaving out log.txt: this command's own output goes there" in said, said
     assert "did not keep" not in said and "by SFTP" not in said, said
+
+
+def wait_for_input_in_probe(host: Host, digest: str) -> Path:
+    """Make the host's first probe wait (at most 5 s: the probe stops nvidia-smi at 10) until a file named for ``digest`` is in
+    its cache, and note whether it came: ``seen`` or ``missing``, one line per nvidia-smi call,
+    in the returned file."""
+    real = host.dir / "bin" / "nvidia-smi.real"
+    (host.dir / "bin" / "nvidia-smi").rename(real)
+    notes = host.home / "probe-notes"  # (the host's user writes it)
+    wrapper = host.dir / "bin" / "nvidia-smi"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        "i=0\n"
+        f"while [ $i -lt 50 ] && ! ls '{host.workdir}/cache' 2>/dev/null | grep -q {digest}; do\n"
+        "  sleep 0.1; i=$((i+1))\n"
+        "done\n"
+        f"if ls '{host.workdir}/cache' 2>/dev/null | grep -q {digest}; then echo seen; else echo missing; fi >> {notes}\n"
+        f'exec {real} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    return notes
+
+
+def test_a_batch_sends_its_inputs_to_each_host_while_its_first_probe_runs(
+    make_cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
+    """As many jobs as hosts, and a small copy forward: each host gets the inputs as it
+    connects, before its first probe has answered (the probe here waits for them, and would
+    have waited in vain: a job's own staging comes after the probe, at placement).  A job
+    placed there then starts without staging's round trips."""
+    cluster = make_cluster([HostSpec(gpus=[GpuSpec(memory_mb=16000)]) for _ in range(2)])
+    data = os.urandom(5000)
+    (tmp_path / "input.bin").write_bytes(data)
+    (tmp_path / "b.sh").write_text("sha256sum input.bin > sum.txt\nsha256sum input.bin > sum.txt\n")
+    notes = [wait_for_input_in_probe(host, sha(data)) for host in cluster.hosts]
+    done = run_batch(tmp_path, "b.sh", "--machines", *(str(h.machine_file) for h in cluster.hosts))
+    assert done.returncode == 0, done.stderr
+    assert [n.read_text().splitlines()[0] for n in notes] == ["seen", "seen"]
+    for job in ("b.sh.1", "b.sh.2"):
+        assert (tmp_path / "job_results" / job / "sum.txt").read_text().split()[0] == sha(data)
+
+
+def test_fewer_jobs_than_hosts_send_inputs_only_where_a_job_runs(
+    make_cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
+    """One job on two hosts: the host that runs nothing is sent nothing."""
+    cluster = make_cluster([HostSpec() for _ in range(2)])
+    data = os.urandom(5000)
+    (tmp_path / "input.bin").write_bytes(data)
+    (tmp_path / "b.sh").write_text("sha256sum input.bin > sum.txt\n")
+    done = run_batch(tmp_path, "b.sh", "--machines", *(str(h.machine_file) for h in cluster.hosts))
+    assert done.returncode == 0, done.stderr
+    assert sorted(sha(data) in digests_on(host) for host in cluster.hosts) == [False, True]

@@ -28,7 +28,7 @@ from ssh_scheduler.coordinator.batch_run import BatchOptions, Selector
 from ssh_scheduler.coordinator.control import ControlServer, batch_requests
 from ssh_scheduler.coordinator.dry_run import plan_dry_run
 from ssh_scheduler.coordinator.early_hosts import EarlyHosts
-from ssh_scheduler.coordinator.hosts import Hosts, first_error
+from ssh_scheduler.coordinator.hosts import PRESTAGE_BYTES, Hosts, first_error
 from ssh_scheduler.coordinator.job_task import JobTasks
 from ssh_scheduler.coordinator.open_files import raise_open_files_limit
 from ssh_scheduler.errors import BatchError, SchedulerError
@@ -157,6 +157,8 @@ class Batch:
             self.bus.publish(Notice(level="info", message=describe_forward(forward, options.copy_forwards, options.forward)))
         else:
             check_forward_size(forward, options.copy_forwards, options.forward)
+            if forward.total_bytes <= PRESTAGE_BYTES and len(selection.pending) >= len(self.machines):
+                self.hosts.prestage = forward  # every host should take a job: send it ahead
         raise_open_files_limit(len(self.machines))
         try:
             if options.dry_run:

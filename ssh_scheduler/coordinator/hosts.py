@@ -30,13 +30,14 @@ from ssh_scheduler.errors import (
 from ssh_scheduler.events import EventBus, HostDown, Notice
 from ssh_scheduler.executors.backends import open_backend
 from ssh_scheduler.executors.base import Executor
+from ssh_scheduler.jobs.forward import ForwardSet
 from ssh_scheduler.machines.host_state import probed
 from ssh_scheduler.machines.machine import Machine
 from ssh_scheduler.planner.actions import Action
 from ssh_scheduler.planner.plan import Planner
 from ssh_scheduler.results.summary import BatchSummary
 
-__all__ = ["PROBE_GRACE", "PROBE_TIMEOUT", "REVIVE_MAX_DELAY", "Hosts", "first_error", "host_named"]
+__all__ = ["PRESTAGE_BYTES", "PROBE_GRACE", "PROBE_TIMEOUT", "REVIVE_MAX_DELAY", "Hosts", "first_error", "host_named"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,10 @@ PROBE_TIMEOUT = 30.0
 # answered: as long again as the first answer took, at least this.  Slow hosts then take
 # jobs as they answer; a short wait keeps the "machine limits" header whole on small fleets.
 PROBE_GRACE = 1.0
+PRESTAGE_BYTES = 1 << 20
+"""The largest copy-forward set sent to every host as it connects, before any job is placed
+there (:attr:`Hosts.prestage`): its first job then starts without the two round trips of its
+staging (asked what the host's cache lacks, sent it), hidden behind the first probe."""
 
 Perform = Callable[[Sequence[Action]], None]
 """The batch's: carry out what the planner answered."""
@@ -82,6 +87,9 @@ class Hosts:
         self._first_answer: float | None = None
         self._since = time.monotonic()
         self._unusable: dict[str, str] = {}  # host -> why, for hosts reached whose agent did not start
+        self.prestage: ForwardSet | None = None
+        """The batch's inputs, sent to each host as it connects, while its first probe runs
+        (the batch sets it where every host should get a job and the set is small)."""
 
     def use(self, planner: Planner, token: str, early: EarlyHosts | None) -> None:
         """The batch's planner and token, and the hosts already connecting (early_hosts.py),
@@ -119,6 +127,8 @@ class Hosts:
             return
         self.executors[name] = executor
         log.info("connected to %s", name)
+        if self.prestage is not None:
+            self._helper(self._prestage(executor, self.prestage))
         found = {n: bool(s.get("running")) for n, s in executor.agent_jobs.items()}
         try:
             async with asyncio.timeout(PROBE_TIMEOUT):
@@ -132,6 +142,15 @@ class Hosts:
             self._first_answer = time.monotonic()
             self._helper(self._grace(self._first_answer - self._since))
         self._answer(name, lambda: planner.probe_landed(name, state, own, agent_jobs=found, now=time.time()))
+
+    async def _prestage(self, executor: Executor, forward: ForwardSet) -> None:
+        """The inputs into the host's cache beside its first probe; a job placed meanwhile waits
+        for the same upload (the cache sends each file once).  A failure is said by the first
+        job, whose staging meets it again or tries afresh."""
+        try:
+            await executor.stage(forward)
+        except TransportError as exc:
+            log.debug("%s: inputs not sent ahead: %s", executor.name, exc)
 
     async def _grace(self, first: float) -> None:
         await asyncio.sleep(max(PROBE_GRACE, first))
