@@ -112,6 +112,7 @@ def show_library_logs(level: int = logging.WARNING) -> None:
     if not logger.handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(_LowerLevel())
+        handler.setLevel(level)  # -v lowers the logger's level for its own lines, not these
         logger.addHandler(handler)
         logger.setLevel(level)
 

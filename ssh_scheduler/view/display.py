@@ -74,7 +74,10 @@ def wire_logging(verbosity: int, err: Printer) -> None:
     for old in [h for h in logger.handlers if isinstance(h, _ToPrinter)]:
         logger.removeHandler(old)  # one run per process, but tests call the CLI in-process
     logger.setLevel(logging.DEBUG if verbosity > 1 else logging.INFO)
-    logger.addHandler(_ToPrinter(err))
+    printer = _ToPrinter(err)
+    if logger.handlers:  # the command line's warning lines (cli/main.show_library_logs): not twice
+        printer.addFilter(lambda record: record.levelno < logging.WARNING)
+    logger.addHandler(printer)
 
 
 class _ToPrinter(logging.Handler):
