@@ -8,7 +8,7 @@ import pytest
 
 from ssh_scheduler.errors import ConfigError
 from ssh_scheduler.machines import config as config_module
-from ssh_scheduler.machines import ssh_config
+from ssh_scheduler.machines import machine_yaml, ssh_config
 from ssh_scheduler.machines.config import SshConfigs, load_machine, load_machines
 from ssh_scheduler.machines.machine import DEFAULT_WORKDIR, Machine, local_machine
 from ssh_scheduler.machines.machine_yaml import parse_machine_yaml
@@ -221,6 +221,34 @@ def test_python_tag_refused() -> None:
 def test_malformed_yaml_has_line_and_column(text: str, where: str) -> None:
     message = config_error(parse_machine_yaml, text, source="bad.yaml")
     one_line_error(message, "bad.yaml", where, "column")
+
+
+# Read by libyaml (when PyYAML has it) and by PyYAML's Python parser, each machine file must give
+# the same Machine, or the same message: the values, the errors and where they stand.
+BOTH_PARSERS = [
+    ANCESTOR_YAML, "ip: 10.0.0.5\n", "ip: '::1'\n", "ip: h\nport:\nusername:\n", "ip: h\nconnect_timeout: 3\n",
+    "ip: h\nport: 0x16\n", "ip: h\nport: 1_000\n", "ip: h\nusername: 0o17\n", "ip: h\nname: 2001-01-01\n",
+    "ip: &a h\nname: *a\n", "ip: h\nport: .inf\n", "\ufeffip: h\n", "ip: h\r\nport: 22\r\n", 'ip: "\\x00"\n',
+    "ip: h\nport: 22 # a comment\n", "ip: >\n  folded\n", "ip: h\nenv:\n  A: 1\n  B: yes\n",
+    "", "# only a comment\n", "- ip: h\n", "just text\n", "ip: h\nusernme: ben\n", "ip: h\nport: [22\n",
+    "ip: h\n  port: 22\n", "ip: 'unterminated\n", "ip: h\n\tport: 22\n", "ip: h\n---\nip: g\n", "ip: *nope\n",
+    "ip: " + "[" * 5000 + "]" * 5000, "ip: !!python/object/apply:os.system ['touch /tmp/x']\n", "ip: h\nip: g\n",
+    "ip: h\n? [a]\n: b\n", "ip: h\nport: !!int '22'\n", "ip: h\nport: !!binary aGk=\n", "ip: [h\n",
+]
+
+
+@pytest.mark.parametrize("text", BOTH_PARSERS)
+def test_libyaml_and_python_read_a_machine_file_alike(text: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    def outcome() -> Machine | str:
+        try:
+            return parse_machine_yaml(text, source="m.yaml")
+        except ConfigError as exc:
+            return str(exc)
+
+    assert machine_yaml._FAST_LOADER is not None  # (PyYAML's wheels have libyaml: this compares two)
+    fast = outcome()
+    monkeypatch.setattr(machine_yaml, "_FAST_LOADER", None)
+    assert outcome() == fast
 
 
 def test_local_machine() -> None:
