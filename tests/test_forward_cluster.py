@@ -170,17 +170,18 @@ def test_a_batch_whose_output_goes_into_the_folder_leaves_that_file_home(cluster
 
 
 def wait_for_input_in_probe(host: Host, digest: str) -> Path:
-    """Make the host's first probe wait (at most 5 s: the probe stops nvidia-smi at 10) until a file named for ``digest`` is in
-    its cache, and note whether it came: ``seen`` or ``missing``, one line per nvidia-smi call,
-    in the returned file."""
+    """Make the host's first nvidia-smi call wait (at most 8 s: the probe stops each call at 10)
+    until a file named for ``digest`` is in its cache, and note whether it came (``seen`` or
+    ``missing``) in the returned file; later calls note nothing and wait for nothing."""
     real = host.dir / "bin" / "nvidia-smi.real"
     (host.dir / "bin" / "nvidia-smi").rename(real)
     notes = host.home / "probe-notes"  # (the host's user writes it)
     wrapper = host.dir / "bin" / "nvidia-smi"
     wrapper.write_text(
         "#!/bin/sh\n"
+        f'[ -e {notes} ] && exec {real} "$@"\n'
         "i=0\n"
-        f"while [ $i -lt 50 ] && ! ls '{host.workdir}/cache' 2>/dev/null | grep -q {digest}; do\n"
+        f"while [ $i -lt 80 ] && ! ls '{host.workdir}/cache' 2>/dev/null | grep -q {digest}; do\n"
         "  sleep 0.1; i=$((i+1))\n"
         "done\n"
         f"if ls '{host.workdir}/cache' 2>/dev/null | grep -q {digest}; then echo seen; else echo missing; fi >> {notes}\n"
