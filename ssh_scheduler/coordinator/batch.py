@@ -295,8 +295,11 @@ class Batch:
         self._wake_timer.set()
 
     def _helper(self, coro: Coroutine[Any, Any, None]) -> None:
-        """A task the batch does not wait for at its end (a probe, a reviver, a timer)."""
-        assert self._tg is not None
+        """A task the batch does not wait for at its end (a probe, a reviver, a timer); none once
+        it has ended (a host whose connection completed as the batch ended asks for its inputs)."""
+        if self._tg is None:
+            coro.close()
+            return
         task = self._tg.create_task(coro)
         self._helpers.add(task)
         task.add_done_callback(self._helpers.discard)
