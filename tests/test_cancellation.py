@@ -31,7 +31,7 @@ PACKAGE = Path(ssh_scheduler.__file__).parent
 
 def wait_for_calls(source: str, where: str) -> list[str]:
     """Each use of asyncio's wait_for in ``source`` (as ``asyncio.wait_for`` or imported by
-    name), and each ``suppress(...CancelledError...)``: around ``await task`` it swallows the
+    name), and each ``suppress(...CancelledError...)`` or ``suppress(BaseException)``: around ``await task`` it swallows the
     awaiting task's own cancellation too (transport.base.stopped waits without that)."""
     found = []
     for node in ast.walk(ast.parse(source)):
@@ -42,7 +42,7 @@ def wait_for_calls(source: str, where: str) -> list[str]:
         elif (
             isinstance(node, ast.Call)
             and ast.unparse(node.func).endswith("suppress")
-            and any(ast.unparse(arg).endswith("CancelledError") for arg in node.args)
+            and any(ast.unparse(arg).endswith(("CancelledError", "BaseException")) for arg in node.args)
         ):
             found.append(f"{where}:{node.lineno}: {ast.unparse(node)}")
     return found
@@ -63,6 +63,9 @@ def test_the_rule_catches_a_planted_wait_for() -> None:
     assert wait_for_calls("from asyncio import wait_for\n", "m.py") == ["m.py:1: from asyncio import wait_for"]
     swallowing = "async def f(t):\n    with contextlib.suppress(asyncio.CancelledError, Exception):\n        await t\n"
     assert wait_for_calls(swallowing, "m.py") == ["m.py:2: contextlib.suppress(asyncio.CancelledError, Exception)"]
+    # BaseException holds CancelledError: Prefetch.close waited for its tasks this way.
+    everything = "async def f(t):\n    with contextlib.suppress(BaseException):\n        await t\n"
+    assert wait_for_calls(everything, "m.py") == ["m.py:2: contextlib.suppress(BaseException)"]
 
 
 async def cancelled_as_it_completes(wait: object) -> bool:

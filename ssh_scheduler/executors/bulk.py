@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -32,7 +31,7 @@ from ssh_scheduler.errors import TransportError
 from ssh_scheduler.executors.session import HostSession
 from ssh_scheduler.jobs.forward import LocalFile
 from ssh_scheduler.transport import ssh
-from ssh_scheduler.transport.base import RemoteFileError, printable
+from ssh_scheduler.transport.base import RemoteFileError, printable, stopped
 
 log = logging.getLogger(__name__)
 
@@ -143,11 +142,7 @@ class Prefetch:
     async def close(self) -> None:
         tasks = list(self._asked.values())
         self._asked.clear()
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(BaseException):
-                await task
+        await stopped(*tasks)  # a closer cancelled meanwhile still ends cancelled
 
 
 def content(host: HostSession, rel: str, blob: Blob) -> bytes:

@@ -30,7 +30,7 @@ from ssh_scheduler.jobs.forward import ForwardSet
 from ssh_scheduler.machines.host_state import HostState, OwnUsage
 from ssh_scheduler.machines.machine import Machine
 from ssh_scheduler.machines.probe import PROBE_COMMAND, PROBE_SCRIPT, parse_probe_output
-from ssh_scheduler.transport.base import Transport, describe
+from ssh_scheduler.transport.base import Transport, describe, stopped
 from ssh_scheduler.transport.ssh import connect
 
 __all__ = ["AgentExecutor", "open_executor", "probe_only"]
@@ -176,11 +176,11 @@ async def open_executor(
     transport = await _connect(machine, accept_new, keepalive, connecting)
     # The file channel opens while the hello is answered (a round trip, the probe): after the
     # agent's channel, so a MaxSessions 1 host still refuses the file channel, said as such.
-    files: asyncio.Future[None] | None = None
+    files: asyncio.Task[None] | None = None
 
     def hello_sent() -> None:
         nonlocal files
-        files = asyncio.ensure_future(transport.open_file_channel())
+        files = asyncio.get_running_loop().create_task(transport.open_file_channel())
         if on_hello_sent is not None:
             on_hello_sent()
 
@@ -195,9 +195,7 @@ async def open_executor(
         await (files if files is not None else transport.open_file_channel())
     except BaseException:
         if files is not None:  # ended, its outcome taken (the session's failure is said)
-            files.cancel()
-            with contextlib.suppress(BaseException):
-                await files
+            await stopped(files)
         with contextlib.suppress(Exception):
             await session.close()
         with contextlib.suppress(Exception):

@@ -35,7 +35,7 @@ from typing import Any
 
 from ssh_scheduler.machines.machine import Machine
 from ssh_scheduler.transport.auth import jump_chain
-from ssh_scheduler.transport.base import bounded
+from ssh_scheduler.transport.base import bounded, stopped
 from ssh_scheduler.transport.hostkeys import KnownHosts, known_hosts_files
 from ssh_scheduler.transport.hub_agent import AgentLink
 from ssh_scheduler.transport.ssh import SSHTransport
@@ -297,9 +297,7 @@ class Pool:
         channel with it."""
         self._forget(held)
         if held.spare is not None:
-            held.spare.cancel()
-            with contextlib.suppress(BaseException):
-                await held.spare
+            await stopped(held.spare)
         agent, held.agent = held.agent, None
         if agent is not None and orderly:
             await agent.close()
