@@ -72,6 +72,26 @@ class WorkRoot(object):
         path = os.path.abspath(os.path.expanduser(root))
         return cls(boot.open_root(path, True), path)
 
+    def moved(self):
+        """Whether the root's path names another folder than the one opened, or none, or one of
+        its folders was removed or replaced: what someone cleaning the host does while an agent
+        is kept between commands (its descriptors would go on naming folders nobody sees)."""
+        try:
+            now = os.stat(self.path)
+        except OSError:
+            return True
+        if not same_file(now, os.fstat(self.fd)):
+            return True
+        for fd, name in ((self.cache, CACHE_DIR), (self.jobs, JOBS_DIR), (self.agents, AGENTS_DIR)):
+            st = R.lstat(self.fd, name)
+            if st is None or not same_file(st, os.fstat(fd)):
+                return True
+        return False
+
+
+def same_file(a, b):
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
 
 def keep_code(root, name, code):
     """Keep the agent's compiled code in the (verified) root folder ``root`` for the next start,

@@ -209,8 +209,28 @@ class Agent(JobSupervision, FileOperations):
                 self.sweep(self.token + "-")
                 os._exit(3)
 
+    async def renew_work(self):
+        """A kept agent (between two commands: nothing of a batch's runs) whose work root was
+        removed or moved meanwhile opens it afresh, made as a fresh agent makes it: otherwise
+        its inputs went into folders nobody sees (the coordinator's file transfers name the
+        root's path) and each job failed for it.  An agent with running jobs or a batch's
+        socket keeps what it has: they live there."""
+        if self.server is not None or self.spawning or any(j.running for j in self.jobs.values()):
+            return
+        if not self.work.moved():
+            return
+        await self.end_warm()  # forked from folders that are gone
+        work = G.WorkRoot.open(self.work.shown)
+        os.fchdir(work.agents)  # where a batch's socket is named (listen)
+        # The old descriptors stay open (four, once): a thread of the last command may still
+        # hold one, and a number closed under it could name a new file by the time it writes.
+        self.work, self.root = work, work.path
+        self.cache = os.path.join(self.root, G.CACHE_DIR)
+        self.jobs, self.staged, self.warm, self.trust = {}, {}, {}, None
+
     # -- requests ---------------------------------------------------------------------------------
     async def op_hello(self, req):
+        await self.renew_work()  # each command's session starts with a hello
         self.lease = req.lease
         if req.probe is not None:  # answered under its own id, exactly like a Probe request
             self.keep(asyncio.ensure_future(self.guard(self.op_probe, req.probe)))
@@ -229,6 +249,7 @@ class Agent(JobSupervision, FileOperations):
 
     async def op_adopt(self, req):
         """Take batch ``req.token`` as ours, as main() does for an agent started with it."""
+        await self.renew_work()  # a spare kept since the last batch: its root may be gone
         name = req.token + ".sock"
         if not G.TOKEN.match(req.token):
             why = "batch token %r is not a plain name" % req.token[:80]
