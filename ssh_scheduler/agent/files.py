@@ -209,7 +209,16 @@ class FileOperations(object):
         written beside these (each write waits on the disk, not on the interpreter)."""
         trust = self.cache_trust()  # made here, on the loop: a thread would race to make it
         loop = asyncio.get_event_loop()
-        failed = await loop.run_in_executor(None, self.keep_all, trust, req.files)
+        self.putting += 1
+        try:
+            failed = await loop.run_in_executor(None, self.keep_all, trust, req.files)
+        finally:
+            self.putting -= 1
+        # The record is the whole cache's: saved once the last message of a burst is kept, not
+        # after each (a dataset of 100,000 files, 50 messages, rewrote ~300 MB of it).  A record
+        # that misses entries costs a later agent their hashing, never a wrong input.
+        if not self.putting:
+            await loop.run_in_executor(None, trust.save)
         self.send(P.PutReply(id=req.id, failed=failed))
 
     def keep_all(self, trust, files):
@@ -224,7 +233,6 @@ class FileOperations(object):
                 trust.learn(blob.name)
             else:
                 failed.append("%s: %s" % (blob.name, why))
-        trust.save()
         return failed
 
     async def op_fetch(self, req):

@@ -84,6 +84,7 @@ class Agent(JobSupervision, FileOperations):
         self.sweep_handle = None
         self.zombies = []
         self.trust = None  # which cache entries hashed true (G.CacheTrust), at the first "have"
+        self.putting = 0  # puts being kept now (files.py: the record is saved after the last)
         self.server = None  # the reattachment socket's server, once the agent has a token
         self.sock_name = None
 
