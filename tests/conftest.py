@@ -21,9 +21,12 @@ set before the run keeps its value (set it to 60 to run the whole suite through 
 
 from __future__ import annotations
 
+import atexit
 import gc
 import os
+import shutil
 import signal
+import tempfile
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -49,6 +52,10 @@ CLUSTER_FIXTURES = ("cluster4", "make_cluster", "slurm")
 def _quit(number: int, _frame: object) -> None:
     raise SystemExit(128 + number)
 os.environ.setdefault(KEEP_WARM_VARIABLE, "0")  # before any test: CLI subprocesses inherit it
+# The memo of what local files hashed to (jobs/hash_memo.py): the suite's own, not the user's.
+_CACHE_HOME = tempfile.mkdtemp(prefix="sshs-tests-cache-")
+os.environ["XDG_CACHE_HOME"] = _CACHE_HOME
+atexit.register(shutil.rmtree, _CACHE_HOME, True)
 
 
 def cluster4_specs() -> list[HostSpec]:

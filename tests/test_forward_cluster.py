@@ -9,6 +9,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -221,3 +222,23 @@ def test_fewer_jobs_than_hosts_send_inputs_only_where_a_job_runs(
     done = run_batch(tmp_path, "b.sh", "--machines", *(str(h.machine_file) for h in cluster.hosts))
     assert done.returncode == 0, done.stderr
     assert sorted(sha(data) in digests_on(host) for host in cluster.hosts) == [False, True]
+
+
+def test_a_rerun_reads_none_of_the_inputs_that_did_not_change(cluster4: Cluster, tmp_path: Path) -> None:
+    """The hash memo through the command line (jobs/hash_memo.py): the second batch reads only
+    the input that changed since the first, and its job sees the new content."""
+    host = cluster4[3]
+    (tmp_path / "data").mkdir()
+    for i in range(6):
+        (tmp_path / "data" / f"f{i}.txt").write_text(f"input {i}\n")
+    time.sleep(2.1)  # a file changed less than 2 s before it was read is not kept (racy)
+    (tmp_path / "batch").write_text("cat data/f0.txt\n")
+    args = ["batch", "--machines", str(host.machine_file), "--copy-forwards", "data", "-v"]
+    first = run_batch(tmp_path, *args, "--results-dir", "r1")
+    assert first.returncode == 0, first.stderr
+    assert "copy forward: 6 files read, 0 known as an earlier command read them" in first.stderr + first.stdout
+    (tmp_path / "data" / "f0.txt").write_text("INPUT 0\n")  # the same size, a moment ago
+    second = run_batch(tmp_path, *args, "--results-dir", "r2")
+    assert second.returncode == 0, second.stderr
+    assert "copy forward: 1 files read, 5 known as an earlier command read them" in second.stderr + second.stdout
+    assert (tmp_path / "r2" / "batch.1.out").read_text() == "INPUT 0\n"

@@ -160,6 +160,8 @@ class Batch:
             if forward.total_bytes <= PRESTAGE_BYTES and len(selection.pending) >= len(self.machines):
                 self.hosts.prestage = forward  # every host should take a job: send it ahead
         raise_open_files_limit(len(self.machines))
+        # What was hashed, kept for the next command, beside the hosts' start (not before it).
+        saving = asyncio.ensure_future(asyncio.to_thread(job_tasks.hasher.save))
         try:
             if options.dry_run:
                 await plan_dry_run(
@@ -180,6 +182,8 @@ class Batch:
                     self.bus.unsubscribe(writer)
         finally:
             await self.hosts.close_all(keep=job_tasks.kept)
+            await saving
+            await asyncio.to_thread(job_tasks.hasher.save)  # what jobs' own copies hashed since
         return self._finish(planner)
 
     def request_stop(self) -> None:

@@ -131,10 +131,11 @@ async def execute_to(
     forward: ForwardSet | None = None
     if options.copy_forwards:
         from ssh_scheduler.jobs.forward import Hasher, collect_forward
+        from ssh_scheduler.jobs.hash_memo import HashMemo, default_path
 
-        forward = await asyncio.to_thread(
-            collect_forward, options.copy_forwards, options.base_dir, Hasher()
-        )
+        hasher = Hasher(HashMemo(default_path()))
+        forward = await asyncio.to_thread(collect_forward, options.copy_forwards, options.base_dir, hasher)
+        await asyncio.to_thread(hasher.save)  # (execute_to copies forward rarely: not worth a task)
     streaming = not (options.gather or options.json)
     limit = asyncio.Semaphore(options.max_connections)
     start = time.monotonic()

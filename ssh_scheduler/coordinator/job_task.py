@@ -23,6 +23,8 @@ from ssh_scheduler.events import Ended, EventBus, Notice
 from ssh_scheduler.executors.base import Executor, RunRequest, ShellCommand
 from ssh_scheduler.executors.transfer import CopyBudget
 from ssh_scheduler.jobs.forward import ForwardSet, Hasher, collect_forward
+from ssh_scheduler.jobs.hash_memo import HashMemo
+from ssh_scheduler.jobs.hash_memo import default_path as default_memo_path
 from ssh_scheduler.machines.machine import Machine
 from ssh_scheduler.planner.actions import Action, Commit, Discard, StartJob
 from ssh_scheduler.planner.plan import Planner
@@ -64,7 +66,7 @@ class JobTasks:
         self.kept: dict[str, set[str]] = {}
         """Per host, the jobs whose results stay there (they did not all come home)."""
         self.runs: dict[str, JobRun] = {}
-        self.hasher = Hasher()
+        self.hasher = Hasher(HashMemo(default_memo_path()))
         self.forward_sets: dict[tuple[str, ...], ForwardSet] = {}
 
     def forward(self, paths: tuple[str, ...]) -> ForwardSet:

@@ -21,7 +21,9 @@ from ssh_scheduler.executors.base import RunRequest, ShellCommand
 from ssh_scheduler.executors.host import open_executor
 from ssh_scheduler.executors.session import DEFAULT_LEASE
 from ssh_scheduler.executors.transfer import CopyLimits
-from ssh_scheduler.jobs.forward import Hasher, collect_forward
+from ssh_scheduler.jobs.forward import ForwardSet, Hasher, collect_forward
+from ssh_scheduler.jobs.hash_memo import HashMemo
+from ssh_scheduler.jobs.hash_memo import default_path as default_memo_path
 from ssh_scheduler.machines.machine import Machine
 
 __all__ = ["RemoteOptions", "default_job_name", "execute_remote"]
@@ -73,7 +75,26 @@ async def execute_remote(
     final = results / name
     if final.exists() or final.is_symlink():
         raise TransferError(f"{final} already exists; results are never overwritten (choose another --job-name)")
-    forward = await asyncio.to_thread(collect_forward, options.copy_forwards, options.base_dir, Hasher())
+    hasher = Hasher(HashMemo(default_memo_path()))
+    forward = await asyncio.to_thread(collect_forward, options.copy_forwards, options.base_dir, hasher)
+    saving = asyncio.ensure_future(asyncio.to_thread(hasher.save))  # beside the connection
+    try:
+        return await _run(machine, command, options, name, forward, stdout, stderr, warn)
+    finally:
+        await saving
+
+
+async def _run(
+    machine: Machine,
+    command: str,
+    options: RemoteOptions,
+    name: str,
+    forward: ForwardSet,
+    stdout: Sequence[int],
+    stderr: Sequence[int],
+    warn: Callable[[str], None] | None,
+) -> int:
+    results = options.results_dir
     results.mkdir(parents=True, exist_ok=True)
     executor = await open_executor(machine, accept_new=options.accept_new, lease=options.lease)
     try:

@@ -37,6 +37,7 @@ from ssh_scheduler.jobs.secret_scan import KEY_SCAN_BYTES, holds_key_text, holds
 
 if TYPE_CHECKING:  # only for annotations: every command's start-up imports this module
     from ssh_scheduler.jobs.batch_file import Job
+    from ssh_scheduler.jobs.hash_memo import HashMemo
 
 __all__ = [
     "DEFAULT_EXCLUDES",
@@ -130,10 +131,14 @@ class ForwardSet:
 
 
 class Hasher:
-    """Hashes local files once per batch (keyed by path, size and mtime)."""
+    """Hashes local files once per batch (keyed by path, size and mtime), and with ``lasting``
+    (:class:`~ssh_scheduler.jobs.hash_memo.HashMemo`) not again in a later command while the
+    file stays the same file."""
 
-    def __init__(self) -> None:
+    def __init__(self, lasting: HashMemo | None = None) -> None:
         self._memo: dict[tuple[str, int, int], tuple[str, bool]] = {}
+        self.lasting = lasting
+        self.read = self.remembered = 0  # files read, files an earlier command had read
 
     def digest(self, path: Path, st: os.stat_result) -> str:
         return self.inspect(path, st)[0]
@@ -142,7 +147,11 @@ class Hasher:
         """(sha256, whether the file holds a private key): one read serves both."""
         memo_key = (str(path), st.st_size, st.st_mtime_ns)
         found = self._memo.get(memo_key)
+        if found is None and self.lasting is not None:
+            found = self.lasting.get(memo_key[0], st)
+            self.remembered += found is not None
         if found is None:
+            self.read += 1
             h = hashlib.sha256()
             head = b""
             with open(path, "rb") as f:
@@ -151,8 +160,15 @@ class Hasher:
                     h.update(block)
             is_key = st.st_size <= KEY_SCAN_BYTES and holds_key_text(head)
             found = (h.hexdigest(), is_key)
-            self._memo[memo_key] = found
+            if self.lasting is not None:
+                self.lasting.learn(memo_key[0], st, found)
+        self._memo[memo_key] = found
         return found
+
+    def save(self) -> None:
+        """What this walk hashed, kept for later commands (with ``lasting``)."""
+        if self.lasting is not None:
+            self.lasting.save()
 
 
 # --- secrets -------------------------------------------------------------------------------------
@@ -267,6 +283,7 @@ def collect_forward(
     """Walk the paths to send (relative to ``base``), following no symlinked directory, leaving
     out what the ignore file names and withholding secrets."""
     walk = _Walk(_load_ignore(base), frozenset(excludes), True, [])
+    counts = (hasher.read, hasher.remembered)
     own_output = _own_output()
     files: dict[str, LocalFile] = {}
     dirs: set[str] = set()
@@ -287,6 +304,8 @@ def collect_forward(
             top_rel = top.name
         # A secret the user named and allowed is sent whole; everything else is filtered.
         walk.filter_secrets = named_secret is None
+        if hasher.lasting is not None:
+            hasher.lasting.preload(str(top))
         for local, rel in walk.entries(top, top_rel):
             st = os.lstat(local)
             if stat.S_ISLNK(st.st_mode):
@@ -311,6 +330,9 @@ def collect_forward(
             executable = "x" if st.st_mode & 0o111 else "r"
             files[rel] = LocalFile(rel, local, f"{digest}-{executable}", st.st_size)
     dirs.discard(".")
+    if hasher.lasting is not None:
+        read, remembered = hasher.read - counts[0], hasher.remembered - counts[1]
+        log.info("copy forward: %d files read, %d known as an earlier command read them", read, remembered)
     return ForwardSet(
         tuple(sorted(files.values(), key=lambda f: f.rel)),
         tuple(sorted(dirs)),
