@@ -42,6 +42,8 @@ class Bench:
         self.env = dict(os.environ)
         self.env.pop("SSH_AUTH_SOCK", None)
         self.env["PARALLEL_HOME"] = str(self.root / "parallel_home")
+        # Our hash memo (jobs/hash_memo.py) starts empty in every benchmark, whatever ran before.
+        self.env["XDG_CACHE_HOME"] = str(self.root / "cache_home")
         (self.root / "parallel_home").mkdir()
         (self.root / "parallel_home" / "will-cite").touch()
         self.cluster_info: dict[str, Any] = {}

@@ -6,7 +6,8 @@ for the same bytes, on the same host, doing the same work on the host:
 
   files-in    5000 small input files (a dataset folder), first run (the host's cache wiped):
               ``execute_batch --copy-forwards data`` vs ``tar c data | ssh h tar x``; plus a
-              repeat (warm cache: nothing is sent)
+              repeat (warm cache: nothing is sent) and a rerun (the same local folder again:
+              its files' hashes known from an earlier command, the hash memo)
   files-back  one job writing 5000 small result files, copied back: ``execute_batch`` vs
               ``ssh h 'make them; tar c out' | tar x``
   big-back    one job writing a 200 MB result file, copied back: ``execute_batch`` vs
@@ -21,15 +22,17 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from bench_driver.base import VENV_BIN
 from bench_driver.bench import Bench
-from bench_driver.measure import Cmd, Run
+from bench_driver.measure import Cmd, Run, run_cmd
 from bench_driver.profiling import profile_argv
 from bench_driver.records import SSH_TOOL, Group, Scenario, Target, Tool, slower_target
 from bench_driver.verify import verify_batch
+from ssh_scheduler.jobs.hash_memo import RACY_SECONDS
 
 FILE_SCENARIOS = ("files-in", "files-back", "big-back")
 N_FILES = 5000
@@ -114,6 +117,22 @@ def files_in(bench: Bench) -> Scenario:
         verify_batch(1)(cmd, run)
         run.extra["cache_bytes_added"] = bench.cache_bytes([HOST]) - state["before"]
 
+    # The rerun's folder stays the same from round to round: its files are hashed once, by an
+    # untimed command in prepare (what an earlier run of the batch did), then known.  Every
+    # other row copies the dataset afresh for each run, so the memo never knows its files.
+    rerun_data = bench.root / "files_in_rerun" / "data"
+
+    def prepare() -> None:
+        make_data()
+        shutil.copytree(data / "data", rerun_data)
+        time.sleep(RACY_SECONDS + 0.1)  # files changed just before a command are not kept
+        first = run_cmd(rerun(bench.rundir("files-in", "rerun priming")))
+        if first.rc != 0:
+            raise RuntimeError(f"files-in: the rerun's priming run failed (exit {first.rc})")
+
+    def rerun(cwd: Path) -> Cmd:
+        return _ssh_batch(bench, cwd, count_cmd, str(rerun_data))
+
     def tar(cwd: Path) -> Cmd:
         bench.wipe_workdirs([HOST], extra=["bench_files_in"])
         shutil.copytree(data / "data", cwd / "data")
@@ -123,6 +142,7 @@ def files_in(bench: Bench) -> Scenario:
     t_cold = Tool(SSH_TOOL, lambda cwd: ssh(cwd, True), verify_ssh, 1, "ssh_scheduler",
                   profile_argv=profile_argv)  # fmt: skip
     t_warm = Tool(SSH_TOOL + " (repeat, warm cache)", lambda cwd: ssh(cwd, False), verify_ssh, 1, "info")
+    t_rerun = Tool(SSH_TOOL + " (rerun, same folder)", rerun, verify_batch(1), 1, "info")
     t_tar = Tool("tar c | ssh tar x", tar, jobs=1, kind="floor")
 
     def targets(s: Scenario) -> list[Target]:
@@ -133,12 +153,14 @@ def files_in(bench: Bench) -> Scenario:
     return Scenario(
         "files-in",
         f"one job, {N_FILES} small input files (200-2000 bytes, 50 folders), first run, 1 host",
-        [Group([t_cold, t_warm]), Group([t_tar])],
+        [Group([t_cold, t_warm, t_rerun]), Group([t_tar])],
         {"files": N_FILES, "host": HOST},
         targets,
-        prepare=make_data,
+        prepare=prepare,
         notes=["the host's work root (cache) is wiped before each first run; the repeat row runs "
-               "right after it and should send nothing"],
+               "right after it and should send nothing",
+               "the rerun row walks one folder kept from round to round (an untimed run hashed it "
+               "first), after the repeat: what rerunning a batch in the same folder costs"],
     )
 
 
