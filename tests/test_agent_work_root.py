@@ -95,5 +95,15 @@ def test_an_agent_with_a_running_job_keeps_its_folders(kept: Agent, tmp_path: Pa
     root.rename(aside)
     assert isinstance(kept.ask(P.Hello(id=4, lease=60)), P.HelloReply)
     assert not root.exists()  # the job's folder is where it runs: nothing was made anew
-    killed = kept.ask(P.Kill(id=5, job="j"))
-    assert not isinstance(killed, P.Error), killed
+    ended = kept.ask(P.Kill(id=5, job="j", grace=0.1))
+    assert isinstance(ended, P.Exit) and ended.job == "j", ended
+
+
+def test_a_work_root_replaced_by_a_file_is_refused_in_one_line(kept: Agent, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    shutil.rmtree(root)
+    root.write_text("not a folder\n")
+    reply = kept.ask(P.Hello(id=3, lease=60))
+    assert isinstance(reply, P.Error), reply  # the command says it: "h1: agent: Refused: ..."
+    assert reply.message == f"Refused: {root} is not a folder (a symlink or a file); remove it, or choose another workdir"
+    assert root.read_text() == "not a folder\n"  # left as it was

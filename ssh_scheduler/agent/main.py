@@ -54,12 +54,8 @@ class Agent(JobSupervision, FileOperations):
     debugging) the agent opens ``root`` the same way."""
 
     def __init__(self, root, token, work=None):
-        self.work = work if work is not None else G.WorkRoot.open(root)
-        # Where the root really is: every path the coordinator names lies below it, and each
-        # is opened below the verified descriptors (files.py, rooted.py), never as a path.
-        self.root = self.work.path
+        self.use_work(work if work is not None else G.WorkRoot.open(root))
         self.token = token or ("t%d" % os.getpid())
-        self.cache = os.path.join(self.root, G.CACHE_DIR)
         self.jobs = {}  # job name -> Job (kept after exit until removed)
         self.staged = {}  # job dir -> {rel: (ino, mtime_ns, size, key)}
         self.lease = 60.0
@@ -210,6 +206,13 @@ class Agent(JobSupervision, FileOperations):
                 self.sweep(self.token + "-")
                 os._exit(3)
 
+    def use_work(self, work):
+        self.work = work
+        # Where the root really is: every path the coordinator names lies below it, and each
+        # is opened below the verified descriptors (files.py, rooted.py), never as a path.
+        self.root = work.path
+        self.cache = os.path.join(self.root, G.CACHE_DIR)
+
     async def renew_work(self):
         """A kept agent (between two commands: nothing of a batch's runs) whose work root was
         removed or moved meanwhile opens it afresh, made as a fresh agent makes it: otherwise
@@ -225,8 +228,7 @@ class Agent(JobSupervision, FileOperations):
         os.fchdir(work.agents)  # where a batch's socket is named (listen)
         # The old descriptors stay open (four, once): a thread of the last command may still
         # hold one, and a number closed under it could name a new file by the time it writes.
-        self.work, self.root = work, work.path
-        self.cache = os.path.join(self.root, G.CACHE_DIR)
+        self.use_work(work)
         self.jobs, self.staged, self.warm, self.trust = {}, {}, {}, None
 
     # -- requests ---------------------------------------------------------------------------------

@@ -145,10 +145,11 @@ class HashMemo:
             tops = [top for top in self._tops if top not in self._saved]
             if not tops or not self._usable():
                 return
+            found = self._found.copy()  # another walk (a job's own copies) may add to it meanwhile
             try:
                 for top in tops:
                     below = top.rstrip("/") + "/"
-                    files = {p: row for p, row in self._found.items() if p == top or p.startswith(below)}
+                    files = {p: row for p, row in found.items() if p == top or p.startswith(below)}
                     if files and files == {p: row for p, row in self._known.items() if p == top or p.startswith(below)}:
                         os.utime(self._file(top), dir_fd=self._fd, follow_symlinks=False)  # still in use
                     else:
