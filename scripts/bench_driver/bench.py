@@ -62,6 +62,11 @@ class Bench:
             check=False,
             capture_output=True,
         )
+        # Likewise the code of its dataclasses (cli/class_code.py), kept from the first command
+        # on: every later cold command finds it, as every measured one would but the very first.
+        subprocess.run(
+            [PY, "-m", "ssh_scheduler.cli.class_code"], env=self.env, cwd=self.code_root, check=False, capture_output=True
+        )
 
     # ----- cluster
     def start_small_cluster(self) -> Cluster:

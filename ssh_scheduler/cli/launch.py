@@ -89,6 +89,10 @@ def start(entry: str) -> None:
         # No hub listens (none handed the command over): start it now, so that it loads while
         # this process loads the command, not after (a hub unused exits in 2 s).
         start_early()
+    # The command's modules, about to load here, make their dataclasses from kept code.
+    from ssh_scheduler.cli import class_code
+
+    class_code.install()
     # The command runs as a launcher's copy runs it, and ends the same way: its exit handlers,
     # threads and streams as the interpreter would, but not the interpreter's teardown of every
     # module (60 ms of CPU after a cold batch had printed its last line).

@@ -25,11 +25,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import importlib
 import json
 import logging
 import os
-import pkgutil
 import resource
 import selectors
 import signal
@@ -42,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ssh_scheduler.cli import class_code
 from ssh_scheduler.cli.launched import become, run_command
 from ssh_scheduler.cli.warm_place import (
     ENTRIES,
@@ -191,14 +190,9 @@ def preload() -> None:
     command that starts here borrows its connections from the hub, which has it loaded, and only
     the rare one that must connect directly (the hub refused) loads it, as a cold command does.
     It was 80 ms of this process's start, which runs beside the first command, on its CPUs."""
-    package = Path(__file__).resolve().parents[1]
-    for module in pkgutil.walk_packages([str(package)], "ssh_scheduler."):
-        if module.name.startswith(NOT_LOADED):
-            continue
-        try:
-            importlib.import_module(module.name)
-        except Exception as exc:  # a module that cannot load here loads (or fails) in the command
-            log.info("not loaded ahead: %s (%s)", module.name, exc)
+    # (with the kept code of their dataclasses, written back: the next cold command finds it)
+    for name, exc in class_code.load_all(NOT_LOADED):  # it loads (or fails) in the command
+        log.info("not loaded ahead: %s (%s)", name, exc)
     gc.collect()
     gc.freeze()  # what is loaded stays out of every copy's collections (and its pages shared)
 
