@@ -5,6 +5,7 @@ minor version where one is installed (tests/other_python.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -17,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from ssh_scheduler.errors import ConfigError, SchedulerError
+from ssh_scheduler.executors import python_call
 from ssh_scheduler.executors.base import RunRequest, shell_line
-from ssh_scheduler.executors.python_call import runner_files
+from ssh_scheduler.executors.python_call import runner_files, warm_interpreter
 from ssh_scheduler.functions.outcome import CallError, RemoteError, RemoteTraceback, read_outcome
 from ssh_scheduler.functions.payload import PickledCall, pickle_call
 from ssh_scheduler.jobs.python_call import INFO, PAYLOAD, RESULT, RUNNER, PythonCall
@@ -68,6 +70,21 @@ def test_the_call_line_runs_the_runner_with_the_machines_python_after_its_setup(
     assert parse_machine_yaml("ip: h\n", source="m.yaml").python == "python3"
     with pytest.raises(ConfigError, match=r"m.yaml line 2: 'python' must be one interpreter, .* got 'python3; rm -rf ~'"):
         parse_machine_yaml("ip: h\npython: 'python3; rm -rf ~'\n", source="m.yaml")
+
+
+def test_a_warm_interpreter_is_told_apart_by_its_runner_and_its_cloudpickle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It keeps the cloudpickle of its first call loaded (call_runner.preload): a call sent with
+    another cloudpickle must go to another interpreter, so that file is in its key (its start)."""
+    request = RunRequest(name="j", work=PythonCall(Path("x"), "", 0), jobdir="/w/j")
+    warm = warm_interpreter(request, "python3", {})
+    assert warm is not None and " --serve " in warm.start
+    files = runner_files()
+    assert any(f.rel.endswith("cloudpickle/__init__.py") for f in files)
+    for changed in range(len(files)):
+        other = tuple(dataclasses.replace(f, key=f"{f.key}x") if at == changed else f for at, f in enumerate(files))
+        monkeypatch.setattr(python_call, "runner_files", lambda other=other: other)
+        moved = warm_interpreter(request, "python3", {})
+        assert moved is not None and moved.start != warm.start, files[changed].rel
 
 
 def info(folder: Path) -> dict[str, object]:

@@ -223,3 +223,26 @@ def test_where_python_does_not_start_the_call_says_so_as_before(cluster4: Cluste
     assert "left no result (exit 127)" in str(failed.value)
     (err,) = (project / "job_results").glob("seen-*.err")
     assert "/nonexistent/python3: No such file or directory" in err.read_text()
+
+
+def test_calls_that_travel_as_code_find_cloudpickle_loaded(cluster4: Cluster, project: Path) -> None:
+    """A lambda travels as code, which cloudpickle loads: the interpreter has the cloudpickle
+    sent with the calls loaded once (from its first call's folder), so a later call does not
+    import it again; a call started afresh (the ``setup:`` reference) imports its own copy."""
+
+    def where_cloudpickle_is(_: int) -> tuple[str, str, int]:
+        return os.getcwd(), sys.modules["cloudpickle"].__file__ or "", os.getppid()
+
+    host = cluster4[1]
+    with Executor([str(host.machine_file)], **CHEAP) as ex:
+        first, second = ex.map(lambda x: where_cloudpickle_is(x), range(2))
+        (server,) = servers(host)
+    with Executor([with_setup(host, project)], results_dir="fresh", **CHEAP) as ex:
+        fresh = ex.submit(lambda: where_cloudpickle_is(0)).result()
+
+    assert first[2] == second[2] == server
+    assert second[1] == first[1], "both calls have the one cloudpickle the interpreter loaded"
+    # ... from the folder of the call it started for (either: they may go at once)
+    assert first[1] in {f"{call[0]}/.ssh_scheduler_call/lib/cloudpickle/__init__.py" for call in (first, second)}
+    folder, loaded, _ = fresh
+    assert loaded.startswith(folder + "/.ssh_scheduler_call/lib/cloudpickle/"), "a fresh Python imports its own"

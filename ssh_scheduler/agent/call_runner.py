@@ -24,7 +24,8 @@ is not held twice.  Exit status: 0 value, 1 raised, 3 refused.
 Runs on the host's Python (3.8 or newer): stdlib only, plus the cloudpickle it was sent with
 (first on ``sys.path``: the same version as the coordinator's, whatever the host has).  It is
 imported only when needed (a call that travels as code, a value or exception plain ``pickle``
-cannot write): importing it costs more CPU than the rest of a trivial call, once per call.
+cannot write): importing it costs more CPU than the rest of a trivial call, once per call
+(a warm interpreter loads it once, for all the calls it forks: :func:`preload`).
 A function that travels by name, with plain arguments, loads with ``pickle`` alone.
 """
 
@@ -193,8 +194,9 @@ def main(argv, here=None):
 # a Python's own start cost more than the rest of a trivial call.  The agent sends each call on
 # a SOCK_SEQPACKET socket (its descriptor number in WARM_FD): one JSON message (the call's whole
 # environment and its arguments) with three descriptors, the call's stdout, its stderr and its
-# folder; this answers the child's pid, then its exit status when it ends.  KEY (the runner's
-# hash) only tells servers of different runners apart.  The socket's end (the agent gone) ends
+# folder; this answers the child's pid, then its exit status when it ends.  KEY (the hash of
+# the runner and the cloudpickle sent with it) tells servers of different ones apart: a server
+# has the cloudpickle of its first call loaded.  The socket's end (the agent gone) ends
 # this; the children are the agent's jobs, for it to end.
 
 WARM_FD = "SSH_SCHEDULER_WARM_FD"  # as agent/warm.py names it
@@ -202,12 +204,15 @@ WARM_FD = "SSH_SCHEDULER_WARM_FD"  # as agent/warm.py names it
 
 def serve():
     import array
+    import gc
     import select
     import signal
     import socket
 
     sock = socket.socket(fileno=int(os.environ.pop(WARM_FD)))
     launched_as = sys.argv[0]  # relative to the folder of the call it was started in
+    preload(os.path.dirname(os.path.abspath(launched_as)))
+    gc.freeze()  # what is loaded stays out of the calls' collections (its pages shared, not copied)
     os.chdir("/")  # never inside a job's folder (the agent sweeps what works in an ended one)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
@@ -264,6 +269,24 @@ def serve():
             say({"n": request["n"], "pid": pid})
         elif len(fds) != 3:
             say({"n": request["n"], "error": "the call came without its 3 descriptors"})
+
+
+def preload(here):
+    """cloudpickle, loaded once here rather than by each call that travels as code (a lambda, a
+    notebook's function): its import, from sources no Python had compiled, was about 50 ms of
+    CPU of every such call, five times the rest of a trivial one.  The one sent with the calls,
+    from the first call's folder: the serve key covers its files, so every call this
+    interpreter forks came with the same.  Where it does not load, nothing of it stays: the
+    call that needs it imports it and says what is wrong."""
+    folder = os.path.join(here, LIB)
+    sys.path.insert(0, folder)
+    try:
+        import cloudpickle  # noqa: F401
+    except Exception:
+        for name in [n for n in sys.modules if n == "cloudpickle" or n.startswith("cloudpickle.")]:
+            del sys.modules[name]
+    finally:
+        sys.path.remove(folder)
 
 
 def in_child(fds, request, launched_as, theirs):

@@ -98,15 +98,16 @@ async def work_inputs(cache: HostCache, request: RunRequest) -> StagePlan | None
 def warm_interpreter(request: RunRequest, python: str, machine_env: dict[str, str]) -> P.Warm | None:
     """How the host's agent may fork a Python call from an interpreter it keeps loaded
     (agent/warm.py) instead of starting the machine's Python for it: the same runner, started
-    once with ``--serve`` (the runner's hash tells runners apart) in the machine's environment.
+    once with ``--serve`` (the hash of the runner and cloudpickle tells them apart) in the machine's environment.
     None for a shell command, and where the machine has ``setup:`` lines: they run in each job's
     own shell, before its Python, with the job's own environment (its GPUs among it), which an
     interpreter started once could not honour."""
     if not isinstance(request.work, PythonCall) or request.setup:
         return None
-    runner = runner_files()[0]
+    # Its key: the runner's files, cloudpickle's among them (the interpreter loads that once).
+    key = hashlib.sha256("\0".join(f.key for f in runner_files()).encode()).hexdigest()[:16]
     return P.Warm(
-        start=f"exec {python_word(python)} -B -u {RUNNER} --serve {runner.key[:16]}",
+        start=f"exec {python_word(python)} -B -u {RUNNER} --serve {key}",
         env=dict(machine_env),
         argv=[PAYLOAD, RESULT, INFO],
     )
