@@ -7,9 +7,12 @@ its interpreter being killed; after that the calls start afresh."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import sys
 import textwrap
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -246,3 +249,88 @@ def test_calls_that_travel_as_code_find_cloudpickle_loaded(cluster4: Cluster, pr
     assert first[1] in {f"{call[0]}/.ssh_scheduler_call/lib/cloudpickle/__init__.py" for call in (first, second)}
     folder, loaded, _ = fresh
     assert loaded.startswith(folder + "/.ssh_scheduler_call/lib/cloudpickle/"), "a fresh Python imports its own"
+
+
+KEPT_MOD = textwrap.dedent(
+    '''
+    import os
+
+
+    def answer():
+        return "compiled from this source"
+
+
+    def fails():
+        raise ValueError("raised in kept_mod")
+
+
+    def code_file():
+        return answer.__code__.co_filename, os.getcwd()
+    '''
+)
+
+
+def test_a_warm_call_loads_its_modules_from_code_kept_by_their_content(cluster4: Cluster, project: Path) -> None:
+    """The code of a module in the call's folder is kept in the work root's ``code`` folder,
+    named by the source's hash: a later call runs that code (shown by planting other code under
+    the name: it runs), with its own file's path in it (tracebacks show its lines); a kept file
+    that is damaged or that others may write is compiled again; a call started afresh neither
+    reads nor writes it."""
+    import importlib.util
+    import marshal
+
+    (project / "kept_mod.py").write_text(KEPT_MOD)
+    import kept_mod
+
+    host = cluster4[2]
+    code = host.home / ".ssh_scheduler" / "code"
+    name = hashlib.sha256(KEPT_MOD.encode()).hexdigest()[:40]
+
+    def entry() -> Path:
+        (found,) = code.glob(f"{name}-*")
+        return found
+
+    with Executor([with_setup(host, project)], results_dir="fresh", **CHEAP) as ex:
+        assert ex.submit(kept_mod.answer).result() == "compiled from this source"
+    assert not list(code.glob(f"{name}-*")), "a fresh Python keeps nothing"
+
+    with Executor([str(host.machine_file)], **CHEAP) as ex:
+        folder_file, folder = ex.submit(kept_mod.code_file).result()
+    assert folder_file == f"{folder}/kept_mod.py"
+    kept = entry()
+    if not kept.name.endswith(f"-{importlib.util.MAGIC_NUMBER.hex()}-0"):
+        pytest.skip("the hosts' python3 is another bytecode version than this one")
+    owner = kept.stat()
+
+    def plant(data: bytes, mode: int = 0o600) -> None:
+        kept.write_bytes(data)
+        os.chown(kept, owner.st_uid, owner.st_gid)
+        kept.chmod(mode)
+
+    planted = compile(KEPT_MOD.replace("compiled from this source", "the kept code"), "elsewhere.py", "exec")
+    plant(marshal.dumps(planted))
+    with Executor([str(host.machine_file)], results_dir="planted", **CHEAP) as ex:
+        assert ex.submit(kept_mod.answer).result() == "the kept code"
+        folder_file, folder = ex.submit(kept_mod.code_file).result()
+        assert folder_file == f"{folder}/kept_mod.py", "the kept code names this call's file"
+        with pytest.raises(ValueError) as failed:
+            ex.submit(kept_mod.fails).result()
+    shown = "".join(traceback.format_exception(failed.value))  # with the host's traceback, as its cause
+    assert f'File "{folder_file.rsplit("/", 2)[0]}/' in shown and "/kept_mod.py\", line 10, in fails" in shown
+    assert 'raise ValueError("raised in kept_mod")' in shown  # its source line, found by its path
+
+    for round, (data, mode) in enumerate(((marshal.dumps(planted), 0o620), (b"\xe3 not code", 0o600), (b"", 0o600))):
+        plant(data, mode)  # (each round its own results: a call's result, once there, is its answer)
+        with Executor([str(host.machine_file)], results_dir=f"round{round}", **CHEAP) as ex:
+            assert ex.submit(kept_mod.answer).result() == "compiled from this source", (data[:8], oct(mode))
+        assert entry().stat().st_mode & 0o777 == 0o600  # written again, whole
+
+    shutil.rmtree(code)
+    code.write_text("a file where the folder would be\n")  # the agent refuses it: calls compile
+    try:
+        with Executor([str(host.machine_file)], results_dir="no-folder", **CHEAP) as ex:
+            assert ex.submit(kept_mod.code_file).result()[0].endswith("/kept_mod.py")
+        assert code.read_text() == "a file where the folder would be\n"
+    finally:
+        code.unlink()
+        sys.modules.pop("kept_mod", None)

@@ -46,6 +46,7 @@ TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 CACHE_DIR = "cache"
 JOBS_DIR = "jobs"
 AGENTS_DIR = "agents"
+CODE_DIR = "code"  # what Python calls compiled of the user's modules (call_runner.KeptCode)
 TRUST_RECORD = "cache-trusted.json"
 
 
@@ -65,6 +66,14 @@ class WorkRoot(object):
         self.cache = boot.open_private(self.fd, CACHE_DIR, os.path.join(shown, CACHE_DIR), True)
         self.jobs = boot.open_private(self.fd, JOBS_DIR, os.path.join(shown, JOBS_DIR), True)
         self.agents = boot.open_private(self.fd, AGENTS_DIR, os.path.join(shown, AGENTS_DIR), True)
+
+    def open_code(self):
+        """A new descriptor of the folder where warm Python calls keep the code of the user's
+        modules (call_runner.KeptCode), made if missing; None where it cannot be: they compile."""
+        try:
+            return boot.open_private(self.fd, CODE_DIR, os.path.join(self.shown, CODE_DIR), True)
+        except (OSError, boot.Refused):
+            return None
 
     @classmethod
     def open(cls, root):

@@ -302,8 +302,17 @@ class JobSupervision(object):
             start_env = dict(os.environ)
             start_env.update(warm.env)
             start_env.update(extra)
-            transport = await self.by_shell(loop, watched, warm.start, cwd, start_env, pass_fds=(fd,),
-                                            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+            fds = (fd,)
+            code = self.work.open_code()  # (its calls' module code, kept: call_runner.KeptCode)
+            if code is not None:
+                start_env[W.CODE_FD] = str(code)
+                fds = (fd, code)
+            try:
+                transport = await self.by_shell(loop, watched, warm.start, cwd, start_env, pass_fds=fds,
+                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+            finally:
+                if code is not None:
+                    os.close(code)
             self.children.add(transport.get_pid())  # never swept as something a job left
             return transport
 

@@ -29,6 +29,7 @@ import os
 import socket
 
 WARM_FD = "SSH_SCHEDULER_WARM_FD"  # where the interpreter finds its socket (as call_runner.py)
+CODE_FD = "SSH_SCHEDULER_CODE_FD"  # and the folder of kept module code (call_runner.KeptCode)
 READY_WAIT = 30.0  # seconds an interpreter may take to start (a slow NFS home, a big site)
 FORK_WAIT = 10.0  # seconds to answer a fork
 POLL = 0.05  # seconds between looks at a call whose interpreter ended
