@@ -73,7 +73,7 @@ def test_the_call_line_runs_the_runner_with_the_machines_python_after_its_setup(
 
 
 def test_a_warm_interpreter_is_told_apart_by_its_runner_and_its_cloudpickle(monkeypatch: pytest.MonkeyPatch) -> None:
-    """It keeps the cloudpickle of its first call loaded (call_runner.preload): a call sent with
+    """It keeps the cloudpickle of its first call loaded (call_warm.preload): a call sent with
     another cloudpickle must go to another interpreter, so that file is in its key (its start)."""
     request = RunRequest(name="j", work=PythonCall(Path("x"), "", 0), jobdir="/w/j")
     warm = warm_interpreter(request, "python3", {})

@@ -334,3 +334,46 @@ def test_a_warm_call_loads_its_modules_from_code_kept_by_their_content(cluster4:
     finally:
         code.unlink()
         sys.modules.pop("kept_mod", None)
+
+
+def test_standard_modules_the_calls_loaded_are_loaded_ahead_unless_the_calls_have_their_own(
+    cluster4: Cluster, project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A standard module a call's module imported (colorsys, which nothing of ours loads) is
+    noted in the work root's code folder, and a later interpreter has it loaded before its first
+    call; a call whose folder has its own colorsys.py gets that one, as a fresh Python would."""
+    (project / "ahead_mod.py").write_text(
+        'import sys\n\nALREADY = "colorsys" in sys.modules\n\nimport colorsys  # noqa: E402\n\n\n'
+        "def already():\n    return ALREADY, colorsys.__file__\n"
+    )
+    import ahead_mod
+
+    host = cluster4[3]
+    noted = host.home / ".ssh_scheduler" / "code" / "imports"
+    noted.unlink(missing_ok=True)
+    with Executor([str(host.machine_file)], results_dir="first", **CHEAP) as ex:
+        already, where = ex.submit(ahead_mod.already).result()
+    assert not already and where.endswith("/colorsys.py") and "/.ssh_scheduler/" not in where
+    assert "colorsys" in noted.read_text().split()
+    assert set(noted.read_text().split()) <= set(sys.stdlib_module_names)
+    with Executor([str(host.machine_file)], results_dir="second", **CHEAP) as ex:
+        assert ex.submit(ahead_mod.already).result()[0], "loaded by the interpreter before the call"
+
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "colorsys.py").write_text("OWN = True\n")
+    (other / "uses_own.py").write_text(
+        "import colorsys\n\n\ndef own():\n    return getattr(colorsys, 'OWN', False), colorsys.__file__\n"
+    )
+    monkeypatch.syspath_prepend(str(other))
+    monkeypatch.chdir(other)
+    monkeypatch.delitem(sys.modules, "colorsys")  # (put back after: this process's own colorsys)
+    import uses_own
+
+    before = noted.read_text().split()
+    with Executor([str(host.machine_file)], **CHEAP) as ex:
+        own, where = ex.submit(uses_own.own).result()
+    assert own and where.endswith("/colorsys.py") and "/.ssh_scheduler/jobs/" in where, where
+    assert noted.read_text().split().count("colorsys") == before.count("colorsys")  # its own is not noted
+    for name in ("ahead_mod", "uses_own"):
+        sys.modules.pop(name, None)

@@ -25,7 +25,7 @@ Runs on the host's Python (3.8 or newer): stdlib only, plus the cloudpickle it w
 (first on ``sys.path``: the same version as the coordinator's, whatever the host has).  It is
 imported only when needed (a call that travels as code, a value or exception plain ``pickle``
 cannot write): importing it costs more CPU than the rest of a trivial call, once per call
-(a warm interpreter loads it once, for all the calls it forks: :func:`preload`).
+(a warm interpreter loads it once, for all the calls it forks: call_warm.preload).
 A function that travels by name, with plain arguments, loads with ``pickle`` alone.
 """
 
@@ -154,7 +154,7 @@ def keep_exception(result_path, info_path, exc):
 
 
 def main(argv, here=None, kept=None):
-    """The call; ``kept``: a warm call's :class:`KeptCode`, used while the call loads."""
+    """The call; ``kept``: a warm call's ``call_warm.KeptCode``, used while the call loads."""
     payload_path, result_path, info_path = argv
     here = here or os.path.dirname(os.path.abspath(__file__))
     with open(payload_path, "rb") as payload:
@@ -170,7 +170,7 @@ def main(argv, here=None, kept=None):
                 refuse(info_path, "cloudpickle, sent with the call, does not load on %s: %s: %s" % (
                     this_python(), type(exc).__name__, exc))
         if kept is not None:
-            kept.use(os.getcwd())
+            kept.use(os.getcwd(), here)
         try:
             function, args, kwargs = load_call(payload, info_path, header)
         finally:
@@ -194,299 +194,11 @@ def main(argv, here=None, kept=None):
     write_info(info_path, {"kind": "value", "code": holds_code})
 
 
-# --- the code of the user's modules, kept ------------------------------------------------------
-
-
-class KeptCode(object):
-    """What warm calls compiled of the modules in their folders, kept in the work root's
-    ``code`` folder (a descriptor the agent opened and verified), named by the source's SHA-256
-    and this Python's bytecode magic: a call's folder is new each time, so no ``__pycache__``
-    was ever there to reuse (and ``-B`` keeps one out of its results), and each call compiled
-    the same modules again (a 200-line module: 3 ms, a large one tens).  Used only while the
-    call loads (its function's module and what that imports); the files are the user's own
-    (this user's alone, else not read); one unreadable is compiled again.  Entries nobody used
-    for KEEP_DAYS go when an interpreter starts."""
-
-    KEEP_DAYS = 30
-
-    def __init__(self, fd):
-        import hashlib
-        import marshal
-        from importlib import machinery
-        from importlib.util import MAGIC_NUMBER
-
-        self.fd = fd
-        self.hashlib, self.marshal, self.machinery = hashlib, marshal, machinery
-        self.suffix = "-%s-%d" % (MAGIC_NUMBER.hex(), sys.flags.optimize)
-        self.folder = None
-        self.finder = None
-
-    def forget_old(self):
-        import time
-
-        old = time.time() - self.KEEP_DAYS * 86400
-        for name in os.listdir(self.fd):
-            try:
-                if os.stat(name, dir_fd=self.fd, follow_symlinks=False).st_mtime < old:
-                    os.unlink(name, dir_fd=self.fd)
-            except OSError:
-                pass
-
-    def use(self, folder):
-        """Modules found below ``folder`` (the call's) load through the kept code."""
-        machinery, kept = self.machinery, self
-        try:
-            import _imp
-
-            fix = _imp._fix_co_filename  # what a __pycache__ file's code gets: its source's path
-        except (ImportError, AttributeError):
-            return
-
-        class Loader(machinery.SourceFileLoader):
-            def get_code(self, fullname):
-                path = self.get_filename(fullname)
-                source = self.get_data(path)
-                code = kept.load(source)
-                if code is None:
-                    code = self.source_to_code(source, path)
-                    kept.store(source, code)
-                else:
-                    fix(code, path)
-                return code
-
-        def finder(path):
-            if not (path == folder or path.startswith(folder + os.sep)):
-                raise ImportError("not a folder of the call")
-            return machinery.FileFinder(path, (machinery.ExtensionFileLoader, machinery.EXTENSION_SUFFIXES),
-                                        (Loader, machinery.SOURCE_SUFFIXES),
-                                        (machinery.SourcelessFileLoader, machinery.BYTECODE_SUFFIXES))
-
-        self.folder, self.finder = folder, finder
-        sys.path_hooks.insert(0, finder)
-        self._forget_finders()
-
-    def close(self):
-        """The call loaded: later imports as a fresh Python's, and the folder's descriptor gone."""
-        if self.finder is not None:
-            sys.path_hooks.remove(self.finder)
-            self._forget_finders()
-            self.finder = None
-        os.close(self.fd)
-
-    def _forget_finders(self):
-        for path in [p for p in sys.path_importer_cache if p == self.folder or p.startswith(self.folder + os.sep)]:
-            del sys.path_importer_cache[path]
-
-    def name(self, source):
-        return self.hashlib.sha256(source).hexdigest()[:40] + self.suffix
-
-    def load(self, source):
-        name = self.name(source)
-        try:
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.fd)
-        except OSError:
-            return None
-        try:
-            with os.fdopen(fd, "rb") as f:
-                st = os.fstat(f.fileno())
-                if st.st_uid != os.geteuid() or st.st_mode & 0o022:
-                    return None
-                code = self.marshal.load(f)
-            os.utime(name, dir_fd=self.fd)  # in use: not forgotten
-        except (OSError, EOFError, ValueError, TypeError):
-            return None
-        return code if isinstance(code, types.CodeType) else None
-
-    def store(self, source, code):
-        name = self.name(source)
-        tmp = ".%s.%d" % (name, os.getpid())
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self.fd)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(self.marshal.dumps(code))
-                os.replace(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
-            except BaseException:
-                os.unlink(tmp, dir_fd=self.fd)
-                raise
-        except (OSError, ValueError):  # a full disk: compiled again next time
-            pass
-
-
-# --- the warm interpreter ---------------------------------------------------------------------
-# ``call_runner.py --serve KEY``: started once by the host's agent (agent/warm.py) for the calls
-# of one Python, it keeps this interpreter loaded and forks a child for each call, which then
-# is what ``python call_runner.py PAYLOAD RESULT INFO`` would have been in the call's folder:
-# a Python's own start cost more than the rest of a trivial call.  The agent sends each call on
-# a SOCK_SEQPACKET socket (its descriptor number in WARM_FD): one JSON message (the call's whole
-# environment and its arguments) with three descriptors, the call's stdout, its stderr and its
-# folder; this answers the child's pid, then its exit status when it ends.  KEY (the hash of
-# the runner and the cloudpickle sent with it) tells servers of different ones apart: a server
-# has the cloudpickle of its first call loaded.  The socket's end (the agent gone) ends
-# this; the children are the agent's jobs, for it to end.
-
-WARM_FD = "SSH_SCHEDULER_WARM_FD"  # as agent/warm.py names it
-CODE_FD = "SSH_SCHEDULER_CODE_FD"
-
-
-def serve():
-    import array
-    import gc
-    import select
-    import signal
-    import socket
-
-    sock = socket.socket(fileno=int(os.environ.pop(WARM_FD)))
-    code_fd = int(os.environ.pop(CODE_FD, "-1"))
-    launched_as = sys.argv[0]  # relative to the folder of the call it was started in
-    preload(os.path.dirname(os.path.abspath(launched_as)))
-    kept = None
-    if code_fd >= 0:
-        try:
-            kept = KeptCode(code_fd)
-            kept.forget_old()
-        except Exception:  # (an old Python's importlib): its calls compile their modules
-            os.close(code_fd)
-            kept, code_fd = None, -1
-    gc.freeze()  # what is loaded stays out of the calls' collections (its pages shared, not copied)
-    os.chdir("/")  # never inside a job's folder (the agent sweeps what works in an ended one)
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_r, False)
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # only to wake select
-    int_size = array.array("i").itemsize
-
-    def say(message):
-        sock.sendall(json.dumps(message).encode())
-
-    def reap():
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-            say({"exit": pid, "code": code})
-
-    say({"ready": True})
-    while True:
-        readable = select.select([sock, wake_r], [], [])[0]
-        if wake_r in readable:
-            try:
-                while os.read(wake_r, 512):
-                    pass
-            except BlockingIOError:
-                pass
-            reap()
-        if sock not in readable:
-            continue
-        data, ancillary, _flags, _addr = sock.recvmsg(1 << 20, socket.CMSG_SPACE(3 * int_size))
-        if not data:
-            os._exit(0)
-        fds = array.array("i")
-        for level, kind, payload in ancillary:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds.frombytes(payload[:len(payload) - len(payload) % int_size])
-        request = json.loads(data.decode("utf-8"))
-        pid = -1
-        try:
-            if len(fds) == 3:
-                pid = os.fork()
-        except OSError as exc:
-            say({"n": request["n"], "error": "fork: %s" % exc})
-        if pid == 0:
-            in_child(list(fds), request, launched_as, (sock.fileno(), wake_r, wake_w), kept)
-        for fd in fds:
-            os.close(fd)
-        if pid > 0:
-            say({"n": request["n"], "pid": pid})
-        elif len(fds) != 3:
-            say({"n": request["n"], "error": "the call came without its 3 descriptors"})
-
-
-def preload(here):
-    """cloudpickle, loaded once here rather than by each call that travels as code (a lambda, a
-    notebook's function): its import, from sources no Python had compiled, was about 50 ms of
-    CPU of every such call, five times the rest of a trivial one.  The one sent with the calls,
-    from the first call's folder: the serve key covers its files, so every call this
-    interpreter forks came with the same.  Where it does not load, nothing of it stays: the
-    call that needs it imports it and says what is wrong."""
-    folder = os.path.join(here, LIB)
-    sys.path.insert(0, folder)
-    try:
-        import cloudpickle  # noqa: F401
-    except Exception:
-        for name in [n for n in sys.modules if n == "cloudpickle" or n.startswith("cloudpickle.")]:
-            del sys.modules[name]
-    finally:
-        sys.path.remove(folder)
-
-
-def in_child(fds, request, launched_as, theirs, kept=None):
-    """The forked call: its own session, its descriptors, folder, environment and arguments;
-    then :func:`main`, and the ends a Python's own exit would have (threads joined, atexit
-    functions run, streams flushed)."""
-    import signal
-
-    code = 1
-    try:
-        os.setsid()
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        for fd in theirs:
-            os.close(fd)
-        out, err, folder = fds
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(out, 1)
-        os.dup2(err, 2)
-        os.fchdir(folder)
-        for fd in (null, out, err, folder):
-            os.close(fd)
-        os.environ.clear()
-        os.environ.update(request["env"])
-        if "PWD" in os.environ:  # as the job's shell would have set it, starting there
-            os.environ["PWD"] = os.getcwd()
-        here = os.path.abspath(os.path.dirname(launched_as))
-        sys.argv = [launched_as] + request["argv"]
-        sys.path[0] = here  # as a fresh start of this file in this folder has it
-        main(request["argv"], here, kept)
-        code = 0
-    except SystemExit as exc:
-        code = exit_code(exc.code)
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-    try:
-        threading = sys.modules.get("threading")
-        if threading is not None and hasattr(threading, "_shutdown"):
-            threading._shutdown()
-        import atexit
-
-        atexit._run_exitfuncs()
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except BaseException:
-        code = code or 1
-    os._exit(code)
-
-
-def exit_code(value):
-    """What ``sys.exit(value)`` makes a Python's exit status."""
-    if value is None:
-        return 0
-    if isinstance(value, int):
-        return value & 0xFF
-    sys.stderr.write("%s\n" % (value,))
-    return 1
-
-
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--serve"]:
-        serve()
+        # The warm interpreter: its code is staged beside this file (executors/python_call.py).
+        from ssh_scheduler_call_warm import serve
+
+        serve(main)
     else:
         main(sys.argv[1:])

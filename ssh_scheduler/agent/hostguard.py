@@ -46,7 +46,7 @@ TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 CACHE_DIR = "cache"
 JOBS_DIR = "jobs"
 AGENTS_DIR = "agents"
-CODE_DIR = "code"  # what Python calls compiled of the user's modules (call_runner.KeptCode)
+CODE_DIR = "code"  # what Python calls compiled of the user's modules (call_warm.KeptCode)
 TRUST_RECORD = "cache-trusted.json"
 
 
@@ -69,7 +69,7 @@ class WorkRoot(object):
 
     def open_code(self):
         """A new descriptor of the folder where warm Python calls keep the code of the user's
-        modules (call_runner.KeptCode), made if missing; None where it cannot be: they compile."""
+        modules (call_warm.KeptCode), made if missing; None where it cannot be: they compile."""
         try:
             return boot.open_private(self.fd, CODE_DIR, os.path.join(self.shown, CODE_DIR), True)
         except (OSError, boot.Refused):

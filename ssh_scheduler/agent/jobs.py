@@ -303,7 +303,7 @@ class JobSupervision(object):
             start_env.update(warm.env)
             start_env.update(extra)
             fds = (fd,)
-            code = self.work.open_code()  # (its calls' module code, kept: call_runner.KeptCode)
+            code = self.work.open_code()  # (its calls' module code, kept: call_warm.KeptCode)
             if code is not None:
                 start_env[W.CODE_FD] = str(code)
                 fds = (fd, code)

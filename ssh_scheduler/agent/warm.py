@@ -5,7 +5,7 @@ A part of the agent (main.py, jobs.py).  A Python's own start is most of a trivi
 (tens of ms of CPU, where the agent's part of a job is about one), so for a job whose run
 request carries a :class:`~ssh_scheduler.agent.protocol.Warm`, the agent starts that
 interpreter once (``call_runner.py --serve``, by the job's shell rule, in the job's folder, with
-the machine's environment) and then has it fork each call (agent/call_runner.py: ``serve``).
+the machine's environment) and then has it fork each call (agent/call_warm.py: ``serve``).
 The forked call gets the job's stdout and stderr pipes and its folder as descriptors, sent over a
 SOCK_SEQPACKET socket pair (no path anyone else could connect to), and the job's whole
 environment; it calls ``setsid`` as a job's shell would be started, so killing a job, its
@@ -29,7 +29,7 @@ import os
 import socket
 
 WARM_FD = "SSH_SCHEDULER_WARM_FD"  # where the interpreter finds its socket (as call_runner.py)
-CODE_FD = "SSH_SCHEDULER_CODE_FD"  # and the folder of kept module code (call_runner.KeptCode)
+CODE_FD = "SSH_SCHEDULER_CODE_FD"  # and the folder of kept module code (call_warm.KeptCode)
 READY_WAIT = 30.0  # seconds an interpreter may take to start (a slow NFS home, a big site)
 FORK_WAIT = 10.0  # seconds to answer a fork
 POLL = 0.05  # seconds between looks at a call whose interpreter ended

@@ -33,6 +33,7 @@ from ssh_scheduler.jobs.python_call import (
     PAYLOAD,
     RESULT,
     RUNNER,
+    WARM_RUNNER,
     PythonCall,
 )
 from ssh_scheduler.transport.bootstrap import AGENT_FOLDER
@@ -56,6 +57,7 @@ def runner_files() -> tuple[LocalFile, ...]:
     sources = sorted(name for name in os.listdir(package) if name.endswith(".py"))
     return (
         _local_file(RUNNER, AGENT_FOLDER / "call_runner.py"),
+        _local_file(WARM_RUNNER, AGENT_FOLDER / "call_warm.py"),
         *(_local_file(f"{CLOUDPICKLE_FOLDER}/cloudpickle/{name}", package / name) for name in sources),
     )
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CALL_FOLDER", "CLOUDPICKLE_FOLDER", "INFO", "PAYLOAD", "RESULT", "RUNNER", "PythonCall"]
+__all__ = ["CALL_FOLDER", "CLOUDPICKLE_FOLDER", "INFO", "PAYLOAD", "RESULT", "RUNNER", "WARM_RUNNER", "PythonCall"]
 
 CALL_FOLDER = ".ssh_scheduler_call"
 """Our folder in a call's job folder (and so in its results folder)."""
@@ -27,6 +27,9 @@ INFO = f"{CALL_FOLDER}/result.json"
 """How the call ended (JSON, written last: its presence means :data:`RESULT` is whole)."""
 RUNNER = f"{CALL_FOLDER}/call_runner.py"
 """The runner (``agent/call_runner.py``), run by the machine's Python in the job's folder."""
+WARM_RUNNER = f"{CALL_FOLDER}/ssh_scheduler_call_warm.py"
+"""Beside it, what a warm interpreter runs (``agent/call_warm.py``), imported by this name (one
+no user's module has: the interpreter keeps it loaded while it imports the calls' modules)."""
 CLOUDPICKLE_FOLDER = f"{CALL_FOLDER}/lib"
 """Where cloudpickle's own sources lie for the runner (first on its ``sys.path``)."""
 
