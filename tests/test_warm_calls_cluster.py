@@ -13,6 +13,7 @@ import shutil
 import sys
 import textwrap
 import traceback
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -377,3 +378,19 @@ def test_standard_modules_the_calls_loaded_are_loaded_ahead_unless_the_calls_hav
     assert noted.read_text().split().count("colorsys") == before.count("colorsys")  # its own is not noted
     for name in ("ahead_mod", "uses_own"):
         sys.modules.pop(name, None)
+
+
+def test_a_zip_on_the_calls_path_still_imports_through_zipimport(cluster4: Cluster, project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kept code's finder takes the call's folders only: a .zip among its sys.path entries
+    stays zipimport's, as for a fresh Python."""
+    archive = project / "deps.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("zipped_mod.py", "def where():\n    return __file__\n")
+    monkeypatch.syspath_prepend(str(archive))
+    import zipped_mod
+
+    try:
+        with Executor([str(cluster4[0].machine_file)], **CHEAP) as ex:
+            assert ex.submit(zipped_mod.where).result().endswith("/deps.zip/zipped_mod.py")
+    finally:
+        sys.modules.pop("zipped_mod", None)

@@ -78,7 +78,7 @@ class KeptCode(object):
                 return code
 
         def finder(path):
-            if not below(path, folder):
+            if not below(path, folder) or not os.path.isdir(path):  # (a .zip: zipimport's)
                 raise ImportError("not a folder of the call")
             return machinery.FileFinder(path, (machinery.ExtensionFileLoader, machinery.EXTENSION_SUFFIXES),
                                         (Loader, machinery.SOURCE_SUFFIXES),
