@@ -146,10 +146,11 @@ class LoadedAhead(object):
     argparse or shutil imported them again in every call (5 ms of a trivial call's 10 here).
     A call notes, once loaded, the standard modules it loaded that this interpreter had not (only
     those whose file is in the standard library's folder: never a module of the call's folders
-    under such a name) in the ``imports`` file beside the kept code; before each fork this loads
-    what was noted since.  A call whose folders hold a module under the name of one of them (its
-    own ``random.py``) gets none of them: it loads them as a fresh Python would.  Python 3.10
-    or newer (``sys.stdlib_module_names``); never the modules below, whose import does something."""
+    under such a name) in the ``imports`` file beside the kept code; this loads what was noted
+    as it starts and, after each fork, what was noted since.  A call whose folders hold a module
+    under the name of one of them (its own ``random.py``) gets none of them: it loads them as a
+    fresh Python would.  Python 3.10 or newer (``sys.stdlib_module_names``); never the modules
+    below, whose import does something."""
 
     FILE = "imports"
     LIMIT = 1 << 16  # bytes of names: past it, nothing more is noted
@@ -170,7 +171,7 @@ class LoadedAhead(object):
         return top in self.names and top not in self.NEVER and all(p.isidentifier() for p in name.split("."))
 
     def load(self):
-        """In the interpreter, before a fork: what the calls noted since the last time."""
+        """In the interpreter (as it starts, after each fork): what the calls noted since."""
         import gc
         import importlib
         import stat
@@ -271,6 +272,7 @@ def serve(main):
         try:
             kept = KeptCode(code_fd)
             kept.forget_old()
+            kept.ahead.load()  # what calls here loaded before: the first call finds it loaded
         except Exception:  # (an old Python's importlib): its calls compile their modules
             os.close(code_fd)
             kept, code_fd = None, -1
@@ -317,8 +319,6 @@ def serve(main):
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds.frombytes(payload[:len(payload) - len(payload) % int_size])
         request = json.loads(data.decode("utf-8"))
-        if kept is not None:
-            kept.ahead.load()
         pid = -1
         try:
             if len(fds) == 3:
@@ -333,6 +333,8 @@ def serve(main):
             say({"n": request["n"], "pid": pid})
         elif len(fds) != 3:
             say({"n": request["n"], "error": "the call came without its 3 descriptors"})
+        if kept is not None:  # after the fork: this call is not kept waiting, the next ones gain
+            kept.ahead.load()
 
 
 def preload(here):
