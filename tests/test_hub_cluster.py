@@ -111,8 +111,17 @@ async def one_batch(machine: Machine, folder: Path, command: str = "echo batch")
 
 def one_agent(host: Host) -> int:
     """The one agent on the host, once there is one and only one (a spare starts after a batch)."""
-    wait_until(lambda: len(agents(host)) == 1, "one agent on the host")
-    [pid] = agents(host)
+    seen: list[set[int]] = []
+
+    def one() -> bool:
+        seen[:] = [agents(host)]
+        return len(seen[0]) == 1
+
+    try:
+        wait_until(one, "one agent on the host")
+    except AssertionError as exc:  # (what was there, and what the hub held, say which way it went)
+        raise AssertionError(f"{exc}: last seen {sorted(seen[0]) if seen else '?'}; hub: {hub_status()}") from None
+    [pid] = seen[0]
     return pid
 
 
