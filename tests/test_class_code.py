@@ -127,3 +127,15 @@ def test_our_commands_keep_their_classes_code(tmp_path: Path, command: str) -> N
     assert done.returncode == 0, done.stderr
     stored = kept_file(cache)
     assert stored.stat().st_size > 10_000
+
+
+def test_priming_keeps_every_class_a_command_makes(tmp_path: Path) -> None:
+    """``python -m ssh_scheduler.cli.class_code`` (the launcher's loading, as the benchmark uses
+    it beside compileall) loads every module: a command started after it compiles nothing."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "SSH_SCHEDULER_KEEP_WARM": "0"}
+    done = subprocess.run([sys.executable, "-m", "ssh_scheduler.cli.class_code"], env=env, capture_output=True, text=True, check=False, timeout=120)
+    assert done.returncode == 0 and done.stdout == "" and done.stderr == "", done.stderr
+    primed = kept_file(tmp_path).stat().st_mtime_ns
+    result = probe("kept", tmp_path)  # every module the package has (but the hosts' files)
+    assert result["counts"]["compiled"] == 0 and result["counts"]["kept"] > 100
+    assert kept_file(tmp_path).stat().st_mtime_ns == primed
