@@ -139,3 +139,15 @@ def test_priming_keeps_every_class_a_command_makes(tmp_path: Path) -> None:
     result = probe("kept", tmp_path)  # every module the package has (but the hosts' files)
     assert result["counts"]["compiled"] == 0 and result["counts"]["kept"] > 100
     assert kept_file(tmp_path).stat().st_mtime_ns == primed
+
+
+def test_each_python_build_has_its_own_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Two builds of one Python version sharing a home (NFS) keep a file each, rather than each
+    finding the other's (refused by its first line) and writing its own over it."""
+    from ssh_scheduler.cli import class_code
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    ours = class_code._path()
+    monkeypatch.setattr(class_code, "_header", lambda: b"3.11.7 (another build)|cpython-311|0\n")
+    theirs = class_code._path()
+    assert ours != theirs and Path(ours).parent == Path(theirs).parent == tmp_path / "ssh_scheduler" / "dataclass-code"

@@ -7,7 +7,7 @@ Every ``@dataclass`` makes its methods (``__init__``, ``__repr__``, ``__eq__``, 
 1 ms of CPU per class on Python 3.11 and 3.12, and a batch's command imports about 90 of ours,
 a third of its modules' whole import time.  That text depends only on a class's fields and
 options, and the same text compiles to the same code, so the code is kept in the user's cache
-folder (``$XDG_CACHE_HOME/ssh_scheduler/dataclass-code/<python tag>.bin``, else under
+folder (``$XDG_CACHE_HOME/ssh_scheduler/dataclass-code/<python tag>-<build>.bin``, else under
 ``~/.cache``), read once as the process starts and written back when some text was new (the
 first command after an install or an upgrade, or ``python -m ssh_scheduler.cli.class_code``).
 
@@ -21,6 +21,7 @@ library modules here (the console scripts' thin start imports this).
 from __future__ import annotations
 
 import atexit
+import binascii
 import contextlib
 import marshal
 import os
@@ -59,7 +60,9 @@ def _header() -> bytes:
 
 
 def _path() -> str:
-    return os.path.join(folder(), f"{sys.implementation.cache_tag or 'python'}.bin")
+    # One file per build (the header's checksum in its name): two builds sharing a home (NFS)
+    # would otherwise each find the other's file and write their own over it, every command.
+    return os.path.join(folder(), f"{sys.implementation.cache_tag or 'python'}-{binascii.crc32(_header()):08x}.bin")
 
 
 def _ours(st: os.stat_result) -> bool:
