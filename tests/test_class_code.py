@@ -86,7 +86,12 @@ def _not_a_file(path: Path) -> None:
     path.symlink_to(target)
 
 
-@pytest.mark.parametrize("spoil", [_damage_truncated, _damage_garbage, _another_python, _group_writable, _not_a_file])
+def _a_fifo(path: Path) -> None:  # refused, never waited on
+    path.unlink()
+    os.mkfifo(path, 0o600)
+
+
+@pytest.mark.parametrize("spoil", [_damage_truncated, _damage_garbage, _another_python, _group_writable, _not_a_file, _a_fifo])
 def test_a_file_that_cannot_be_trusted_is_compiled_again(plain: dict[str, Any], tmp_path: Path, spoil: Any) -> None:
     probe("kept", tmp_path)
     spoil(kept_file(tmp_path) if spoil is not _not_a_file else next((tmp_path / "ssh_scheduler" / "dataclass-code").glob("*.bin")))

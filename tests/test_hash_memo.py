@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -129,7 +130,7 @@ def memo_file(folder: Path, top: Path) -> Path:
     return folder / (hashlib.sha256(os.fsencode(str(top))).hexdigest()[:32] + ".json")
 
 
-@pytest.mark.parametrize("spoil", ["garbage", "another top", "link", "open folder"])
+@pytest.mark.parametrize("spoil", ["garbage", "another top", "link", "fifo", "open folder"])
 def test_a_memo_that_cannot_be_used_costs_only_the_reading(
     tmp_path: Path, reads: list[str], data: Path, spoil: str, caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
@@ -151,12 +152,20 @@ def test_a_memo_that_cannot_be_used_costs_only_the_reading(
     elif spoil == "link":
         target.rename(elsewhere)
         target.symlink_to(elsewhere)
+    elif spoil == "fifo":  # refused, never waited on
+        target.unlink()
+        os.mkfifo(target, 0o600)
     else:
         folder.chmod(0o777)  # anyone could put a memo there
     caplog.set_level(logging.INFO)
     reads.clear()
     hasher = Hasher(HashMemo(folder))
-    assert keys(collect_forward(["data"], tmp_path, hasher)) == expected
+    walked: list[ForwardSet] = []  # in a thread of its own: a memo that blocks fails, not hangs, the test
+    walker = threading.Thread(target=lambda: walked.append(collect_forward(["data"], tmp_path, hasher)), daemon=True)
+    walker.start()
+    walker.join(60)
+    assert walked, "the walk never ended (waiting on the memo file?)"
+    assert keys(walked[0]) == expected
     assert len(reads) == 8  # every file read again
     if spoil != "another top":
         assert "not used" in caplog.text
@@ -164,6 +173,7 @@ def test_a_memo_that_cannot_be_used_costs_only_the_reading(
     hasher.save()
     if spoil == "link":
         assert elsewhere.read_bytes() == before  # never written through the link
+    if spoil in ("link", "fifo"):
         assert target.is_file() and not target.is_symlink()  # replaced by a memo of its own
 
 

@@ -303,8 +303,12 @@ def test_a_warm_call_loads_its_modules_from_code_kept_by_their_content(cluster4:
         pytest.skip("the hosts' python3 is another bytecode version than this one")
     owner = kept.stat()
 
-    def plant(data: bytes, mode: int = 0o600) -> None:
-        kept.write_bytes(data)
+    def plant(data: bytes | None, mode: int = 0o600) -> None:
+        kept.unlink(missing_ok=True)
+        if data is None:  # a FIFO under the name: refused, never waited on
+            os.mkfifo(kept, mode)
+        else:
+            kept.write_bytes(data)
         os.chown(kept, owner.st_uid, owner.st_gid)
         kept.chmod(mode)
 
@@ -320,10 +324,12 @@ def test_a_warm_call_loads_its_modules_from_code_kept_by_their_content(cluster4:
     assert f'File "{folder_file.rsplit("/", 2)[0]}/' in shown and "/kept_mod.py\", line 10, in fails" in shown
     assert 'raise ValueError("raised in kept_mod")' in shown  # its source line, found by its path
 
-    for round, (data, mode) in enumerate(((marshal.dumps(planted), 0o620), (b"\xe3 not code", 0o600), (b"", 0o600))):
+    spoiled: tuple[tuple[bytes | None, int], ...] = ((marshal.dumps(planted), 0o620), (b"\xe3 not code", 0o600), (b"", 0o600), (None, 0o600))
+    for round, (data, mode) in enumerate(spoiled):
         plant(data, mode)  # (each round its own results: a call's result, once there, is its answer)
-        with Executor([str(host.machine_file)], results_dir=f"round{round}", **CHEAP) as ex:
-            assert ex.submit(kept_mod.answer).result() == "compiled from this source", (data[:8], oct(mode))
+        # (timeout: a call that waits on a FIFO is killed, and the test fails rather than hangs)
+        with Executor([str(host.machine_file)], results_dir=f"round{round}", timeout=30, **CHEAP) as ex:
+            assert ex.submit(kept_mod.answer).result() == "compiled from this source", (data, oct(mode))
         assert entry().stat().st_mode & 0o777 == 0o600  # written again, whole
 
     shutil.rmtree(code)

@@ -6,12 +6,38 @@ a call started afresh never reads it.  Its calls then run the runner's ``main``,
 given.  Runs on the host's Python (3.8 or newer): stdlib only, no 3.9+ syntax.
 """
 
+import gc
+import hashlib
+import importlib
 import json
+import marshal
 import os
+import stat
 import sys
 import types
+from importlib import machinery
+from importlib.util import MAGIC_NUMBER
 
 LIB = "lib"  # cloudpickle's sources, beside the runner
+
+
+def open_own(name, folder):
+    """The file ``name`` of the folder descriptor ``folder``, opened to read, where it is a
+    regular file of this user's that nobody else may write; else None.  (Never blocks: a FIFO
+    planted under the name is refused, not waited on.)"""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder)
+    except OSError:
+        return None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        os.close(fd)
+        return None
+    return os.fdopen(fd, "rb")
+
+
+def below(path, folder):
+    return path == folder or path.startswith(folder + os.sep)
 
 
 # --- the code of the user's modules, kept ------------------------------------------------------
@@ -30,13 +56,7 @@ class KeptCode(object):
     KEEP_DAYS = 30
 
     def __init__(self, fd):
-        import hashlib
-        import marshal
-        from importlib import machinery
-        from importlib.util import MAGIC_NUMBER
-
         self.fd = fd
-        self.hashlib, self.marshal, self.machinery = hashlib, marshal, machinery
         self.suffix = "-%s-%d" % (MAGIC_NUMBER.hex(), sys.flags.optimize)
         self.folder = None
         self.finder = None
@@ -57,7 +77,7 @@ class KeptCode(object):
         """Modules found below ``folder`` (the call's; ``ours``, the runner's, in it) load
         through the kept code."""
         self.ahead.use([p for p in sys.path if below(p, folder) and not below(p, ours)])
-        machinery, kept = self.machinery, self
+        kept = self
         try:
             import _imp
 
@@ -102,20 +122,16 @@ class KeptCode(object):
             del sys.path_importer_cache[path]
 
     def name(self, source):
-        return self.hashlib.sha256(source).hexdigest()[:40] + self.suffix
+        return hashlib.sha256(source).hexdigest()[:40] + self.suffix
 
     def load(self, source):
         name = self.name(source)
-        try:
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.fd)
-        except OSError:
+        f = open_own(name, self.fd)
+        if f is None:
             return None
         try:
-            with os.fdopen(fd, "rb") as f:
-                st = os.fstat(f.fileno())
-                if st.st_uid != os.geteuid() or st.st_mode & 0o022:
-                    return None
-                code = self.marshal.load(f)
+            with f:
+                code = marshal.load(f)
             os.utime(name, dir_fd=self.fd)  # in use: not forgotten
         except (OSError, EOFError, ValueError, TypeError):
             return None
@@ -128,17 +144,13 @@ class KeptCode(object):
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self.fd)
             try:
                 with os.fdopen(fd, "wb") as f:
-                    f.write(self.marshal.dumps(code))
+                    f.write(marshal.dumps(code))
                 os.replace(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
             except BaseException:
                 os.unlink(tmp, dir_fd=self.fd)
                 raise
         except (OSError, ValueError):  # a full disk: compiled again next time
             pass
-
-
-def below(path, folder):
-    return path == folder or path.startswith(folder + os.sep)
 
 
 class LoadedAhead(object):
@@ -172,22 +184,14 @@ class LoadedAhead(object):
 
     def load(self):
         """In the interpreter (as it starts, after each fork): what the calls noted since."""
-        import gc
-        import importlib
-        import stat
-
-        try:
-            fd = os.open(self.FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.fd)
-        except OSError:
+        f = open_own(self.FILE, self.fd)
+        if f is None:
             return
-        try:
-            st = os.fstat(fd)
-            if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022
-                    or not self.read_to < st.st_size <= self.LIMIT):
+        with f:
+            size = os.fstat(f.fileno()).st_size
+            if not self.read_to < size <= self.LIMIT:
                 return
-            data = os.pread(fd, st.st_size - self.read_to, self.read_to)
-        finally:
-            os.close(fd)
+            data = os.pread(f.fileno(), size - self.read_to, self.read_to)
         data = data[:data.rfind(b"\n") + 1]
         self.read_to += len(data)
         before = set(sys.modules)
@@ -258,7 +262,6 @@ CODE_FD = "SSH_SCHEDULER_CODE_FD"
 
 def serve(main):
     import array
-    import gc
     import select
     import signal
     import socket
@@ -273,7 +276,7 @@ def serve(main):
             kept = KeptCode(code_fd)
             kept.forget_old()
             kept.ahead.load()  # what calls here loaded before: the first call finds it loaded
-        except Exception:  # (an old Python's importlib): its calls compile their modules
+        except Exception:  # (a folder it cannot list): its calls compile their modules
             os.close(code_fd)
             kept, code_fd = None, -1
     gc.freeze()  # what is loaded stays out of the calls' collections (its pages shared, not copied)

@@ -66,7 +66,7 @@ def _path() -> str:
 
 
 def _ours(st: os.stat_result) -> bool:
-    return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
 
 
 def _exec(source: Any, globals: Any = None, locals: Any = None, /) -> None:
@@ -109,7 +109,7 @@ def install() -> None:
 
 def _read() -> dict[str, bytes]:
     try:
-        fd = os.open(_path(), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(_path(), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)  # (a FIFO: refused, not waited on)
     except OSError:
         return {}
     try:

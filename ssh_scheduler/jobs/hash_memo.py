@@ -107,7 +107,7 @@ class HashMemo:
                 return
             self._tops.append(top)
             try:
-                fd = os.open(self._file(top), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._fd)
+                fd = os.open(self._file(top), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=self._fd)
             except FileNotFoundError:
                 return
             except OSError as exc:
