@@ -46,6 +46,9 @@ from tests.cluster import (
 )
 from tests.conftest_slurm import slurm  # noqa: F401  (the real-Slurm fixture)
 
+# The hook that keeps a worker's reports sendable (hostile text in a test's log or failure).
+from tests.worker_reports import pytest_runtest_logreport  # noqa: F401
+
 CLUSTER_FIXTURES = ("cluster4", "make_cluster", "slurm")
 
 
@@ -81,8 +84,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if any(f in getattr(item, "fixturenames", ()) for f in CLUSTER_FIXTURES):
+        fixtures = getattr(item, "fixturenames", ())
+        if any(f in fixtures for f in CLUSTER_FIXTURES):
             item.add_marker(pytest.mark.cluster)
+        if "slurm" in fixtures:
+            # One worker runs every test of the real Slurm (scripts/test: ``--dist loadgroup``):
+            # its session fixture (a cluster and Slurm's daemons, seconds to start) then starts once.
+            item.add_marker(pytest.mark.xdist_group("slurm"))
 
 
 def _require_sshd() -> None:

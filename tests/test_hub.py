@@ -10,7 +10,9 @@ import errno
 import json
 import os
 import random
+import shutil
 import socket
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -115,9 +117,13 @@ def test_a_key_file_edited_or_replaced_is_another_identity(tmp_path: Path) -> No
 
 
 @pytest.fixture
-def runtime(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    yield tmp_path / "ssh_scheduler"
+def runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    # Not tmp_path: a test binds its own socket in the folder, and under a pytest-xdist worker
+    # tmp_path is long enough to pass the 107 bytes a unix socket's path may have.
+    folder = Path(tempfile.mkdtemp(prefix="sshs-hub-"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(folder))
+    yield folder / "ssh_scheduler"
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_the_folder_is_made_private_and_a_planted_one_is_refused(runtime: Path) -> None:

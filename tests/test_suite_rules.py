@@ -92,3 +92,32 @@ def test_captures_are_in_the_repository_and_no_test_reaches_outside_it() -> None
         if outside.search(line)
     ]
     assert offenders == []
+
+
+HOSTILE_REPORTS = (
+    "import logging\n\n"
+    "BYTES = b'host said \\xff\\x1b'.decode('utf-8', 'surrogateescape')\n\n"
+    "def test_logs_and_fails():\n"
+    "    logging.getLogger('x').warning('seen %s', BYTES)\n"
+    "    print(BYTES)\n"
+    "    assert BYTES == 'other'\n\n"
+    "def test_logs_and_passes():\n"
+    "    logging.getLogger('x').warning('seen %s', BYTES)\n\n"
+    "def test_after():\n    pass\n"
+)
+
+
+def test_a_worker_reports_hostile_text_instead_of_dying(tmp_path: Path) -> None:
+    """scripts/test runs the suite on pytest-xdist workers, which send each report over execnet:
+    a lone surrogate in a test's log, output or failure (the hostile-text tests log them) made
+    the worker die with every test it had left.  tests/worker_reports.py makes reports sendable."""
+    (tmp_path / "conftest.py").write_text(
+        "from tests.worker_reports import pytest_runtest_logreport  # noqa: F401\n"
+    )
+    (tmp_path / "test_x.py").write_text(HOSTILE_REPORTS)
+    result = run_sample(tmp_path, "-p", "no:asyncio", "-n", "2", "--dist", "loadfile")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "1 failed, 2 passed" in result.stdout, result.stdout
+    assert "INTERNALERROR" not in result.stdout + result.stderr
+    assert "host said \\udcff" in result.stdout  # the failure's text, its surrogate escaped
+
