@@ -185,7 +185,8 @@ async def test_spares_start_once_no_command_holds_a_connection(cluster4: Cluster
     finally:
         await busy.close()
     wait_until(lambda: held_state(host.name)["agent"] is True, "the spare started once nobody held a connection")
-    assert len(agents(host)) == 1
+    # The hub keeps the spare once its channel is open, before the host has run its python3.
+    one_agent(host)
 
 
 async def test_what_goes_through_the_hub_is_what_a_direct_connection_does(cluster4: Cluster, hub: Path, tmp_path: Path) -> None:
