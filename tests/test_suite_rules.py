@@ -103,6 +103,9 @@ HOSTILE_REPORTS = (
     "    assert BYTES == 'other'\n\n"
     "def test_logs_and_passes():\n"
     "    logging.getLogger('x').warning('seen %s', BYTES)\n\n"
+    "def test_skips_saying_it():\n"
+    "    import pytest\n"
+    "    pytest.skip('no host ' + BYTES)\n\n"
     "def test_after():\n    pass\n"
 )
 
@@ -117,7 +120,7 @@ def test_a_worker_reports_hostile_text_instead_of_dying(tmp_path: Path) -> None:
     (tmp_path / "test_x.py").write_text(HOSTILE_REPORTS)
     result = run_sample(tmp_path, "-p", "no:asyncio", "-n", "2", "--dist", "loadfile")
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "1 failed, 2 passed" in result.stdout, result.stdout
+    assert "1 failed, 2 passed, 1 skipped" in result.stdout, result.stdout
     assert "INTERNALERROR" not in result.stdout + result.stderr
     assert "host said \\udcff" in result.stdout  # the failure's text, its surrogate escaped
-
+    assert "no host host said \\udcff" in result.stdout  # the skip's reason (-rs), escaped too
