@@ -1,12 +1,17 @@
 """Counting the probes a test-cluster host answers: its ``nvidia-smi`` is wrapped so that each
-call leaves a line in the login user's home before the simulated one answers.
+call leaves a line in the login user's home: a process query before the simulated one answers
+(its answer after it), a memory query once it has answered (a look counts from its reading).
 
 A probe asks ``--query-compute-apps``, then ``--query-gpu``, then ``--query-compute-apps`` again
-(see :data:`ssh_scheduler.machines.probe.PROBE_SCRIPT`); one ``--query-gpu`` line is one probe.
+(see :data:`ssh_scheduler.machines.probe.PROBE_SCRIPT`), or, run alone (no job of ours on the
+host: :data:`~ssh_scheduler.machines.probe.ALONE`), the first two at once; one ``--query-gpu``
+line is one probe.  Each line says how its probe ran (``probe=alone`` or ``probe=ordered``),
+read from the probe's shell: the nearest process above the call that runs the probe script.
 """
 
 from __future__ import annotations
 
+from ssh_scheduler.machines.probe import ALONE
 from tests.cluster import Host
 
 CALLS = "nvidia-smi.calls"
@@ -30,9 +35,17 @@ def count_probes(host: Host, *, hide_pids: tuple[int, ...] = (), widen_s: float 
     hide = "".join(f" | grep -v '^{pid},'" for pid in hide_pids)
     wrapper.write_text(
         "#!/bin/sh\n"
-        f'echo "$*" >> ~/{CALLS}\n'
+        "mode=ordered; p=$PPID\n"
+        'while [ "${p:-1}" -gt 1 ]; do\n'
+        '    if grep -q ssh_scheduler "/proc/$p/cmdline" 2>/dev/null; then\n'
+        f'        [ "$(tr \'\\0\' \'\\n\' < /proc/$p/cmdline | tail -n 1)" = {ALONE} ] && mode=alone\n'
+        "        break\n"
+        "    fi\n"
+        "    p=$(cut -d' ' -f4 /proc/$p/stat)\n"
+        "done\n"
         'case "$*" in\n'
         "*--query-compute-apps*)\n"
+        f'    echo "$* probe=$mode" >> ~/{CALLS}\n'
         f'    out=$({real} "$@"); rc=$?\n'
         f'    [ -z "$out" ] || printf "%s\\n" "$out"{hide} | tee -a ~/{CALLS}\n'
         + (
@@ -43,14 +56,16 @@ def count_probes(host: Host, *, hide_pids: tuple[int, ...] = (), widen_s: float 
         +
         f"    sleep {widen_s}\n"
         "    exit $rc ;;\n"
-        f'*) exec {real} "$@" ;;\n'
+        # Noted once answered: a probe counts from when it has read the GPUs.
+        f'*) out=$({real} "$@"); rc=$?; echo "$* probe=$mode" >> ~/{CALLS}\n'
+        '    [ -z "$out" ] || printf "%s\\n" "$out"; exit $rc ;;\n'
         "esac\n"
     )
     wrapper.chmod(0o755)
 
 
 def probes(host: Host) -> int:
-    """How many probes ``host`` answered so far."""
+    """How many probes ``host`` answered so far (that read the GPUs' memory)."""
     path = host.home / CALLS
     if not path.exists():
         return 0
@@ -59,13 +74,34 @@ def probes(host: Host) -> int:
 
 def process_lists(host: Host) -> list[list[str]]:
     """Each process query's answer so far (its lines, in order)."""
+    return [answer for _alone, answer in _answers(host)]
+
+
+def ordered_pairs(host: Host) -> list[tuple[list[str], list[str]]]:
+    """The two process lists of each probe that listed the processes around its memory read
+    (not run alone), in order."""
+    lists = [answer for alone, answer in _answers(host) if not alone]
+    return list(zip(lists[::2], lists[1::2], strict=True))
+
+
+def alone_probes(host: Host) -> int:
+    """How many probes ``host`` answered alone (one process list) so far."""
+    return sum(line.startswith("--query-gpu") and line.endswith(" probe=alone") for line in _calls(host))
+
+
+def _calls(host: Host) -> list[str]:
     path = host.home / CALLS
-    answers: list[list[str]] = []
-    for line in path.read_text().splitlines() if path.exists() else ():
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def _answers(host: Host) -> list[tuple[bool, list[str]]]:
+    """Each process query's answer so far, and whether its probe ran alone."""
+    answers: list[tuple[bool, list[str]]] = []
+    for line in _calls(host):
         if line.startswith("--query-compute-apps"):
-            answers.append([])
+            answers.append((line.endswith(" probe=alone"), []))
         elif line.startswith("--"):
             continue
         elif answers and line.strip():
-            answers[-1].append(line)
+            answers[-1][1].append(line)
     return answers

@@ -13,7 +13,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from tests.cluster import GpuSpec, HostSpec
-from tests.probe_counter import count_probes, process_lists
+from tests.probe_counter import alone_probes, count_probes, ordered_pairs
 from tests.test_batch_cluster import machines, run_batch
 from tests.test_overcommit_cluster import peak_overlap
 
@@ -56,7 +56,8 @@ def test_a_job_freeing_its_memory_mid_probe_leaves_the_other_users_memory_counte
     # second list, after the memory was read, no longer did.
     freed_mid_probe = 0
     for host in cluster.hosts:
-        lists = process_lists(host)
-        for first, second in zip(lists[::2], lists[1::2], strict=False):
+        for first, second in ordered_pairs(host):
             freed_mid_probe += any(line not in second for line in first)
     assert freed_mid_probe >= 6, freed_mid_probe
+    # Each host's first probe came before any job of ours ran there: it ran alone, one list.
+    assert all(alone_probes(host) >= 1 for host in cluster.hosts), [alone_probes(host) for host in cluster.hosts]

@@ -41,7 +41,7 @@ from ssh_scheduler.planner.actions import Action, Commit, PlanOptions, StartJob
 from ssh_scheduler.planner.allocate import MachineResources, choose
 from ssh_scheduler.planner.gpus import Gpus
 from ssh_scheduler.planner.plan import Planner
-from tests.test_probe import hermetic_bin, run_probe
+from tests.test_probe import ORDERED, hermetic_bin, run_probe
 
 TOTAL = 16384
 DRIVER_RESERVED = 480  # memory.total - (used + free) on a real H100 capture
@@ -411,7 +411,7 @@ def test_a_running_job_that_frees_its_memory_mid_probe_hides_no_other_users_memo
     6500 MiB when the probe first lists the processes and has freed them (it goes on, and may
     take them again) when it reads memory.used.  What the other user holds plus a's reservation
     is 13000 MiB: no 7000 MiB job fits next to them on 15904 MiB.  The probe's shell text runs
-    here against an nvidia-smi that answers so."""
+    here, as the agent runs it while a job of ours runs, against an nvidia-smi that answers so."""
     calls = tmp_path / "calls"
     fake = (
         f"n=$(cat {calls} 2>/dev/null || echo 0); echo $((n + 1)) >{calls}\n"
@@ -420,7 +420,7 @@ def test_a_running_job_that_frees_its_memory_mid_probe_hides_no_other_users_memo
         f"--query-gpu=*) echo '0, G0, sim, {TOTAL}, 6000, {CAPACITY - 6000}, 0' ;;\n"
         "esac\n"
     )
-    probe = parse_probe_output(run_probe(hermetic_bin(tmp_path, fake)))
+    probe = parse_probe_output(run_probe(hermetic_bin(tmp_path, fake), command=ORDERED))
     gpus = (GpuState(0, "G0", "sim", TOTAL, 6000, CAPACITY - 6000, 0.0),)
     machine = MachineResources("h", host_state(gpus, ()))
     machine.allocate("a", NEEDS)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -257,6 +258,16 @@ def test_a_probe_counts_each_process_at_the_smaller_of_its_two_figures(
     """What a process held when the probe read memory.used is at least the smaller of what the
     lists before and after showed (0 where one lacks it): never more is counted as ours."""
     assert listed_throughout(before, after) == expected
+
+
+def test_a_probe_run_alone_counts_its_one_process_list_as_it_is() -> None:
+    text = probe_text(
+        gpus=capture("nvsmi_csv_nounits_busy.txt"), apps=(f"618, 21482, {UUID}\n700, 100, {UUID}", 0)
+    )
+    text = text.replace("@@ssh_scheduler:gpu_processes_after@@", "@@ssh_scheduler:one_process_list@@")
+    state = parse_probe_output(text)
+    assert state.gpu_error is None
+    assert state.gpu_processes == (GpuProcess(618, UUID, 21482), GpuProcess(700, UUID, 100))
 
 
 def test_probe_output_reads_both_process_lists() -> None:
@@ -532,9 +543,13 @@ SHELLS = ["/bin/sh", "/bin/dash", "/bin/bash", "/bin/zsh"]
 under CI, and once scripts/test has installed them all), never drops it unseen."""
 
 
-def run_probe(path: str, shell: str = "/bin/sh") -> str:
+ORDERED = "sh -c " + shlex.quote(PROBE_SCRIPT)
+"""The probe as the agent runs it while a job of ours runs: its processes listed around the read."""
+
+
+def run_probe(path: str, shell: str = "/bin/sh", command: str = PROBE_COMMAND) -> str:
     result = subprocess.run(
-        [shell, "-c", PROBE_COMMAND],
+        [shell, "-c", command],
         env={"PATH": path, "HOME": "/"},
         capture_output=True,
         text=True,
@@ -582,17 +597,65 @@ def test_probe_command_with_fake_nvidia_smi(tmp_path: Path) -> None:
 def test_the_probe_lists_processes_reads_memory_lists_again_and_stops_at_a_failure(
     tmp_path: Path, failing: str, calls: str
 ) -> None:
-    """The order the GPU accounting relies on; and after a failing query (a wedged driver
-    would make every later one wait out its timeout) the probe asks nothing more."""
+    """The order the GPU accounting relies on while a job of ours runs; and after a failing
+    query (a wedged driver would make every later one wait out its timeout) the probe asks
+    nothing more."""
     log = tmp_path / "calls"
     fake = (
         f'echo "${{1%%=*}}" >>{log}\n'
         f'case "${{1%%=*}}" in {failing or "none"}) echo wedged; exit 3 ;; esac\n'
         'case "$1" in --query-gpu=*) echo "0, U, N, 100, 0, 100, 0" ;; esac\n'
     )
-    state = parse_probe_output(run_probe(hermetic_bin(tmp_path, fake)))
+    state = parse_probe_output(run_probe(hermetic_bin(tmp_path, fake), command=ORDERED))
     assert log.read_text().split() == calls.split()
     assert (state.gpu_error is None) == (not failing), state.gpu_error
+
+
+@pytest.mark.parametrize(
+    ("failing", "reason"),
+    [
+        ("", None),
+        ("--query-compute-apps", r"^nvidia-smi --query-compute-apps failed \(exit 3\): wedged$"),
+        ("--query-gpu", r"^nvidia-smi --query-gpu failed \(exit 3\): wedged$"),
+    ],
+)
+def test_alone_the_probe_lists_the_processes_once_beside_the_read(
+    tmp_path: Path, failing: str, reason: str | None
+) -> None:
+    """What ``PROBE_COMMAND`` (a dry run's look) and an agent holding no job run: one process
+    list and one memory read, both asked whatever the other answers (at once: below)."""
+    log = tmp_path / "calls"
+    fake = (
+        f'echo "${{1%%=*}}" >>{log}\n'
+        f'case "${{1%%=*}}" in {failing or "none"}) echo wedged; exit 3 ;; esac\n'
+        f'case "$1" in --query-gpu=*) echo "0, {UUID}, N, 100, 60, 40, 0" ;;'
+        f' --query-compute-apps=*) echo "618, 50, {UUID}" ;; esac\n'
+    )
+    state = parse_probe_output(run_probe(hermetic_bin(tmp_path, fake)))
+    assert sorted(log.read_text().split()) == ["--query-compute-apps", "--query-gpu"]
+    if reason is None:
+        assert state.gpu_error is None
+        assert state.gpus == (GpuState(0, UUID, "N", 100, 60, 40, 0.0),)
+        assert state.gpu_processes == (GpuProcess(618, UUID, 50),)
+    else:
+        assert state.gpus == () and state.gpu_processes == ()
+        assert state.gpu_error is not None and re.search(reason, state.gpu_error), state.gpu_error
+
+
+def test_alone_the_process_list_and_the_memory_read_run_at_once(tmp_path: Path) -> None:
+    """Each query waits for the other to have started (up to a minute, never timed): asked one
+    after the other, the first gives up and the probe reports it."""
+    fake = (
+        f': > {tmp_path}/"${{1%%=*}}"\n'
+        'case "${1%%=*}" in --query-gpu) other=--query-compute-apps ;; *) other=--query-gpu ;; esac\n'
+        f'i=0; while [ ! -e {tmp_path}/"$other" ]; do\n'
+        '  i=$((i+1)); [ $i -lt 3000 ] || { echo "$other never started"; exit 3; }; sleep 0.02\n'
+        "done\n"
+        f'case "$1" in --query-gpu=*) echo "0, {UUID}, N, 100, 0, 100, 0" ;; esac\n'
+    )
+    state = parse_probe_output(run_probe(hermetic_bin(tmp_path, fake)))
+    assert state.gpu_error is None
+    assert [gpu.uuid for gpu in state.gpus] == [UUID]
 
 
 def test_probe_command_with_failing_nvidia_smi(tmp_path: Path) -> None:

@@ -276,10 +276,23 @@ class Agent(JobSupervision, FileOperations):
             self.done.set_result(None)
 
     async def op_probe(self, req):
+        # Alone (P.Probe): no job of ours ran from the probe's start to its end, so none of
+        # the processes it lists is ours.  A job that started meanwhile (it is in the reply's
+        # own usage) has the probe taken again the usual way.
+        alone = bool(req.alone) and not self.running_jobs()
+        out, rc = await self.probe_once(req.cmd, req.alone if alone else "")
+        own = self.own_usage()
+        if alone and own:
+            out, rc = await self.probe_once(req.cmd, "")
+            own = self.own_usage()
+        self.send(P.ProbeReply(id=req.id, out=out.decode("utf-8", "replace"), rc=rc, own=own))
+
+    async def probe_once(self, cmd, mode):
+        """Run the probe script with ``mode`` as its first argument: (stdout, exit status)."""
         self.spawning += 1
         try:
             proc = await asyncio.create_subprocess_exec(
-                "/bin/sh", "-c", req.cmd, stdin=asyncio.subprocess.DEVNULL,
+                "/bin/sh", "-c", cmd, "sh", mode, stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
             self.children.add(proc.pid)
         finally:
@@ -288,8 +301,7 @@ class Agent(JobSupervision, FileOperations):
             out, _ = await proc.communicate()
         finally:
             self.children.discard(proc.pid)
-        self.send(P.ProbeReply(id=req.id, out=out.decode("utf-8", "replace"),
-                               rc=proc.returncode, own=self.own_usage()))
+        return out, proc.returncode
 
     def own_usage(self):
         """PIDs and resident memory of every process of each running job."""

@@ -146,9 +146,15 @@ class ProbeReply(Reply):
 
 
 class Probe(Request):
+    """Run ``cmd`` with ``/bin/sh``.  ``alone``, when not empty, is its first argument for a
+    probe while the agent holds no running job (machines/probe.py ALONE: fewer and overlapped
+    ``nvidia-smi`` runs); should a job start before it ends, the probe is taken again without
+    it, so the reply's ``own`` is empty whenever it ran alone."""
+
     TAG = "probe"
     REPLY = ProbeReply
     cmd: str
+    alone: str = ""
 
 
 class HaveReply(Reply):

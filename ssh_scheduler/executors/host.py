@@ -29,7 +29,7 @@ from ssh_scheduler.executors.transfer import (
 from ssh_scheduler.jobs.forward import ForwardSet
 from ssh_scheduler.machines.host_state import HostState, OwnUsage
 from ssh_scheduler.machines.machine import Machine
-from ssh_scheduler.machines.probe import PROBE_COMMAND, PROBE_SCRIPT, parse_probe_output
+from ssh_scheduler.machines.probe import ALONE, PROBE_COMMAND, PROBE_SCRIPT, parse_probe_output
 from ssh_scheduler.transport.base import Transport, describe, stopped
 from ssh_scheduler.transport.ssh import connect
 
@@ -187,7 +187,7 @@ async def open_executor(
     session = HostSession(
         # The agent runs a probe with /bin/sh itself: the script as it is, not PROBE_COMMAND,
         # which wraps it for whatever login shell runs it (a second shell, found on PATH).
-        transport, lease=lease, token=token, first_probe=PROBE_SCRIPT if probe_first else None,
+        transport, lease=lease, token=token, first_probe=PROBE_SCRIPT if probe_first else None, probe_alone=ALONE,
         on_hello_sent=hello_sent,
     )
     try:

@@ -50,6 +50,7 @@ class HostSession:
         lease: float = DEFAULT_LEASE,
         token: str = "",
         first_probe: str | None = None,
+        probe_alone: str = "",
         on_hello_sent: Callable[[], None] | None = None,
     ) -> None:
         self.transport = transport
@@ -58,6 +59,7 @@ class HostSession:
         # A probe command sent inside the hello (no round trip of its own); its answer waits in
         # _folded_probe until the first probe() asks for that command.
         self.first_probe = first_probe
+        self.probe_alone = probe_alone  # the probes' first argument while no job runs (P.Probe)
         self._folded_probe: tuple[P.Probe, asyncio.Future[W.Message]] | None = None
         # Jobs the agent already had when we (re)attached: {job: {"running": bool, "code": int}}.
         self.agent_jobs: dict[str, dict[str, Any]] = {}
@@ -90,7 +92,7 @@ class HostSession:
         self._tasks.append(asyncio.create_task(self._read_events()))
         request = P.Hello(lease=self.lease)
         if self.first_probe is not None:
-            request.probe = P.Probe(cmd=self.first_probe)
+            request.probe = P.Probe(cmd=self.first_probe, alone=self.probe_alone)
             self._folded_probe = (request.probe, self._expect(request.probe))
         future = self._expect(request)
         try:
@@ -311,7 +313,7 @@ class HostSession:
             reply = await self._answer(folded[0], folded[1], P.ProbeReply, timeout)
         else:
             self._drop_folded_probe()
-            reply = await self.call(P.Probe(cmd=command), P.ProbeReply, timeout)
+            reply = await self.call(P.Probe(cmd=command, alone=self.probe_alone), P.ProbeReply, timeout)
         own = {name: {"pids": u.pids, "rss_mb": u.rss_mb} for name, u in reply.own.items()}
         return reply.out, reply.rc, own
 

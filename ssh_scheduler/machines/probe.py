@@ -30,6 +30,7 @@ from ssh_scheduler.errors import ProbeError
 from ssh_scheduler.machines.host_state import GpuProcess, GpuState, HostState
 
 __all__ = [
+    "ALONE",
     "GPU_QUERY_FIELDS",
     "PROBE_COMMAND",
     "PROBE_SCRIPT",
@@ -55,6 +56,15 @@ GPU_QUERY_FIELDS = (
 """The ``--query-gpu`` fields the probe asks for, in the order a header-less reply has them."""
 
 _APPS_QUERY_FIELDS = ("pid", "used_memory", "gpu_uuid")
+ALONE = "alone"
+"""The probe's first argument where no job of ours runs on the host, from the probe's start to
+its end (the agent holds none; a dry run starts none): the GPU processes are then listed once,
+at the same time as the memory is read, instead of before and after it.  With no process
+attributed to a job of ours, every listed process counts as someone else's, at the larger of
+``memory.used`` and the listed sum (:mod:`ssh_scheduler.planner.observed`): never less than
+was in use at the read, whichever query ran first.  It saves one of three ``nvidia-smi`` runs,
+and the other two overlap: a batch's first probe of each host, on its way to the first job."""
+_ONE_LIST = "one_process_list"
 _NVSMI_TIMEOUT_S = 10
 _GPU_QUERY = f"nvidia-smi --query-gpu={','.join(GPU_QUERY_FIELDS)} --format=csv,noheader,nounits"
 _APPS_QUERY = (
@@ -81,6 +91,13 @@ PROBE_SCRIPT = " ".join(
         f'then t="timeout -k 5 {_NVSMI_TIMEOUT_S}";',
         f"elif timeout {_NVSMI_TIMEOUT_S} true >/dev/null 2>&1;",
         f'then t="timeout {_NVSMI_TIMEOUT_S}"; fi;',
+        # Alone (see ALONE): one process list, taken while the memory is read, the two
+        # queries at once; the first one's section waits in the pipe until the second's is out.
+        # A wedged driver makes both wait out their timeouts side by side.
+        f'if [ "$1" = {ALONE} ]; then m {_ONE_LIST}; m status {_ONE_LIST} 0;',
+        f"{{ m gpu_processes; $t {_APPS_QUERY} 2>&1; m status gpu_processes $?; }} |",
+        f"{{ m gpus; $t {_GPU_QUERY} 2>&1; m status gpus $?; cat; }};",
+        "else",
         # The processes are listed before and after the memory is read (see
         # listed_throughout): a process that starts, grows, frees its memory or ends between
         # the calls then never hides memory no listed process accounts for.
@@ -90,15 +107,16 @@ PROBE_SCRIPT = " ".join(
         f'm gpu_processes_after; if [ "$s" = 0 ]; then $t {_APPS_QUERY} 2>&1; s=$?; fi;',
         "m status gpu_processes_after $s;",
         "fi;",
+        "fi;",
         "m end",
     )
 )
-"""The probe as a POSIX ``sh`` program (one line)."""
+"""The probe as a POSIX ``sh`` program (one line); its first argument may be :data:`ALONE`."""
 
-PROBE_COMMAND = "sh -c " + shlex.quote(PROBE_SCRIPT)
-"""The probe as one command line for whatever the remote login shell is: it only asks that
-shell to start ``sh`` on one single-quoted line (tested with dash and bash; built for zsh, fish
-and csh too)."""
+PROBE_COMMAND = f"sh -c {shlex.quote(PROBE_SCRIPT)} sh {ALONE}"
+"""The probe as one command line for whatever the remote login shell is, run :data:`ALONE`
+(what starts nothing there: a dry run's look): it only asks that shell to start ``sh`` on one
+single-quoted line (tested with dash and bash; built for zsh, fish and csh too)."""
 
 _MARKER_RE = re.compile(r"@@ssh_scheduler:([^@\n]*)@@[ \t\r]*$")
 _SECTION_NAME_RE = re.compile(r"[a-z_]+")
@@ -454,9 +472,12 @@ def parse_probe_output(text: str) -> HostState:
                 _nvidia_smi(sections, "gpu_processes", "--query-compute-apps")
             )
             gpus = parse_gpu_query(_nvidia_smi(sections, "gpus", "--query-gpu"))
-            after = parse_compute_apps(
-                _nvidia_smi(sections, "gpu_processes_after", "--query-compute-apps (the second)")
-            )
+            if _ONE_LIST in sections:  # run ALONE: the one list, as two identical lists give it
+                after = before
+            else:
+                after = parse_compute_apps(
+                    _nvidia_smi(sections, "gpu_processes_after", "--query-compute-apps (the second)")
+                )
             processes = listed_throughout(before, after)
         except ProbeError as err:
             gpus, processes, gpu_error = (), (), str(err)

@@ -22,6 +22,11 @@ ends between them is no longer counted at its old figure, so what they hold or h
 someone else's until the next probe: never too little.  (A probe that lands after its job was
 released can still list that job's memory, which the ledger then no longer charges: it keeps a
 released job's observed memory charged as a *ghost* for that.)
+
+While no job of ours runs on the host from a probe's start to its end (``own`` is empty), every
+listed process is someone else's and ``others(g) = max(memory.used, listed)``, at least what was
+in use at the read whatever the order of the calls: the probe then lists the processes once,
+beside the read (:data:`~ssh_scheduler.machines.probe.ALONE`).
 """
 
 from __future__ import annotations
