@@ -270,6 +270,16 @@ def test_a_probe_run_alone_counts_its_one_process_list_as_it_is() -> None:
     assert state.gpu_processes == (GpuProcess(618, UUID, 21482), GpuProcess(700, UUID, 100))
 
 
+def test_one_process_list_while_a_job_of_ours_ran_leaves_a_cpu_host() -> None:
+    """The agent lists the processes once only while it holds no job; output that says so
+    beside a job of ours (whatever printed it) is not trusted for the GPUs."""
+    text = probe_text(gpus=capture("nvsmi_csv_nounits_busy.txt"), apps=(f"618, 21482, {UUID}", 0))
+    text = text.replace("@@ssh_scheduler:gpu_processes_after@@", "@@ssh_scheduler:one_process_list@@")
+    state = parse_probe_output(text, ours_ran=True)
+    assert state.gpus == () and state.gpu_processes == ()
+    assert state.gpu_error == "nvidia-smi listed the GPU processes once while a job of ours ran"
+
+
 def test_probe_output_reads_both_process_lists() -> None:
     state = parse_probe_output(
         probe_text(

@@ -74,7 +74,7 @@ class AgentExecutor:
 
     async def probe(self) -> tuple[HostState, dict[str, OwnUsage]]:
         text, _rc, own = await self.session.probe(PROBE_SCRIPT)
-        state = parse_probe_output(text)
+        state = parse_probe_output(text, ours_ran=bool(own))
         usage = {
             name: OwnUsage(pids=frozenset(int(p) for p in u.get("pids", ())), rss_mb=int(u.get("rss_mb", 0)))
             for name, u in own.items()

@@ -446,11 +446,13 @@ def _nvidia_smi(sections: dict[str, _Section], name: str, query: str) -> str:
     return section.text
 
 
-def parse_probe_output(text: str) -> HostState:
+def parse_probe_output(text: str, *, ours_ran: bool = False) -> HostState:
     """Parse the whole output of :data:`PROBE_COMMAND` into a :class:`HostState`.
 
     Raises :class:`ProbeError` when the output is garbage, truncated, or lacks the CPU count,
     load or memory.  A failing ``nvidia-smi`` does not raise: see the module docstring.
+    ``ours_ran``: a job of ours ran on the host during the probe (its agent said so), when one
+    process list (:data:`ALONE`) would not do: such output counts as a failed GPU query.
     """
     sections = _split_sections(text)
     cpu_count = parse_nproc(
@@ -473,6 +475,8 @@ def parse_probe_output(text: str) -> HostState:
             )
             gpus = parse_gpu_query(_nvidia_smi(sections, "gpus", "--query-gpu"))
             if _ONE_LIST in sections:  # run ALONE: the one list, as two identical lists give it
+                if ours_ran:
+                    raise ProbeError("nvidia-smi listed the GPU processes once while a job of ours ran")
                 after = before
             else:
                 after = parse_compute_apps(
