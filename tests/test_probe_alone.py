@@ -3,19 +3,22 @@ runs on the host, from its start to its end (machines/probe.py ``ALONE``; the ag
 ``op_probe``).  Only then does every process it lists count as someone else's, which is what
 makes one unordered list as safe as the two around the read.  Against the shipped agent over
 pipes: the probe's script says which way it ran (its first argument), and a job started while
-an alone probe runs has the probe taken again the usual way, its reply naming the job."""
+an alone probe runs has the probe taken again the usual way, its reply naming the job.  On the
+coordinator's side, one list beside a job of ours is not believed for the GPUs."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from ssh_scheduler.agent import protocol as P
 from ssh_scheduler.agent import wire as W
 from ssh_scheduler.agent.hostguard import JOBS_DIR
+from ssh_scheduler.executors.host import AgentExecutor
 from ssh_scheduler.machines.probe import ALONE
 from tests.test_agent_adopt import Agent
 
@@ -86,3 +89,40 @@ def test_a_job_started_while_an_alone_probe_runs_has_it_taken_again(agent: Agent
     assert reply.out == "ran []\n", reply  # without the second run: "ran [alone]"
     assert list(reply.own) == ["j"] and reply.own["j"].pids
     kill_job(agent, 4, "j")
+
+
+def alone_output() -> str:
+    """What the probe prints run alone on a host with one GPU and one process on it."""
+    uuid = "GPU-0"
+    return "\n".join(
+        [
+            "@@ssh_scheduler:begin@@",
+            "@@ssh_scheduler:nproc@@", "4", "@@ssh_scheduler:status nproc 0@@",
+            "@@ssh_scheduler:loadavg@@", "0.00 0.00 0.00 1/1 1", "@@ssh_scheduler:status loadavg 0@@",
+            "@@ssh_scheduler:meminfo@@", "MemTotal: 1024000 kB", "MemAvailable: 512000 kB",
+            "@@ssh_scheduler:status meminfo 0@@",
+            "@@ssh_scheduler:one_process_list@@", "@@ssh_scheduler:status one_process_list 0@@",
+            "@@ssh_scheduler:gpus@@", f"0, {uuid}, N, 16000, 1000, 15000, 0", "@@ssh_scheduler:status gpus 0@@",
+            "@@ssh_scheduler:gpu_processes@@", f"77, 1000, {uuid}", "@@ssh_scheduler:status gpu_processes 0@@",
+            "@@ssh_scheduler:end@@",
+        ]
+    ) + "\n"
+
+
+@pytest.mark.parametrize("own", [{}, {"j": {"pids": [77], "rss_mb": 10}}])
+async def test_a_host_whose_agent_names_a_job_of_ours_beside_one_list_gets_no_gpus(own: dict[str, dict[str, object]]) -> None:
+    """The coordinator's side of the rule: the agent's reply naming a running job of ours
+    (its own usage) with output of one process list is not believed for the GPUs."""
+
+    class Session:
+        async def probe(self, command: str) -> tuple[str, int, dict[str, dict[str, object]]]:
+            return alone_output(), 0, own
+
+    transport = SimpleNamespace(machine=SimpleNamespace(name="h"))
+    executor = AgentExecutor(transport, Session())  # type: ignore[arg-type]
+    state, usage = await executor.probe()
+    if own:
+        assert state.gpus == () and state.gpu_error is not None, state
+        assert list(usage) == ["j"]
+    else:
+        assert [gpu.uuid for gpu in state.gpus] == ["GPU-0"] and state.gpu_error is None
