@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -262,9 +263,8 @@ def test_a_probe_counts_each_process_at_the_smaller_of_its_two_figures(
 
 def test_a_probe_run_alone_counts_its_one_process_list_as_it_is() -> None:
     text = probe_text(
-        gpus=capture("nvsmi_csv_nounits_busy.txt"), apps=(f"618, 21482, {UUID}\n700, 100, {UUID}", 0)
+        gpus=capture("nvsmi_csv_nounits_busy.txt"), apps=(f"618, 21482, {UUID}\n700, 100, {UUID}", 0), one_list=True
     )
-    text = text.replace("@@ssh_scheduler:gpu_processes_after@@", "@@ssh_scheduler:one_process_list@@")
     state = parse_probe_output(text)
     assert state.gpu_error is None
     assert state.gpu_processes == (GpuProcess(618, UUID, 21482), GpuProcess(700, UUID, 100))
@@ -273,8 +273,7 @@ def test_a_probe_run_alone_counts_its_one_process_list_as_it_is() -> None:
 def test_one_process_list_while_a_job_of_ours_ran_leaves_a_cpu_host() -> None:
     """The agent lists the processes once only while it holds no job; output that says so
     beside a job of ours (whatever printed it) is not trusted for the GPUs."""
-    text = probe_text(gpus=capture("nvsmi_csv_nounits_busy.txt"), apps=(f"618, 21482, {UUID}", 0))
-    text = text.replace("@@ssh_scheduler:gpu_processes_after@@", "@@ssh_scheduler:one_process_list@@")
+    text = probe_text(gpus=capture("nvsmi_csv_nounits_busy.txt"), apps=(f"618, 21482, {UUID}", 0), one_list=True)
     state = parse_probe_output(text, ours_ran=True)
     assert state.gpus == () and state.gpu_processes == ()
     assert state.gpu_error == "nvidia-smi listed the GPU processes once while a job of ours ran"
@@ -383,9 +382,10 @@ def probe_text(
     apps_after: tuple[str, int] | None = None,
     user: str = "alice",
     banner: str = "",
+    one_list: bool = False,
 ) -> str:
     """Probe output as PROBE_COMMAND prints it, built from the real host capture (the second
-    process list the same as the first unless given)."""
+    process list the same as the first unless given; ``one_list``: none, as run ALONE)."""
     nproc, loadavg, meminfo = host_parts()
     parts = [banner, "@@ssh_scheduler:begin@@"]
 
@@ -403,7 +403,9 @@ def probe_text(
         section("gpus", *gpus)
     if apps is not None:
         section("gpu_processes", *apps)
-    if apps_after is not None or (apps is not None and gpus is not None):
+    if one_list:
+        section("one_process_list", "")
+    elif apps_after is not None or (apps is not None and gpus is not None):
         section("gpu_processes_after", *(apps_after or apps or ("", 0)))
     parts.append("@@ssh_scheduler:end@@")
     return "\n".join(part for part in parts if part) + "\n"
@@ -653,15 +655,16 @@ def test_alone_the_probe_lists_the_processes_once_beside_the_read(
 
 
 def test_alone_the_process_list_and_the_memory_read_run_at_once(tmp_path: Path) -> None:
-    """Each query waits for the other to have started (up to a minute, never timed): asked one
-    after the other, the first gives up and the probe reports it."""
+    """The two queries meet at a FIFO, the memory query writing and the process query reading:
+    each one's open waits for the other's.  Asked one after the other, the first waits until
+    the probe's own timeout stops it, and the probe reports that."""
+    meet = tmp_path / "meet"
+    os.mkfifo(meet)
     fake = (
-        f': > {tmp_path}/"${{1%%=*}}"\n'
-        'case "${1%%=*}" in --query-gpu) other=--query-compute-apps ;; *) other=--query-gpu ;; esac\n'
-        f'i=0; while [ ! -e {tmp_path}/"$other" ]; do\n'
-        '  i=$((i+1)); [ $i -lt 3000 ] || { echo "$other never started"; exit 3; }; sleep 0.02\n'
-        "done\n"
-        f'case "$1" in --query-gpu=*) echo "0, {UUID}, N, 100, 0, 100, 0" ;; esac\n'
+        'case "$1" in\n'
+        f'--query-gpu=*) echo met > {meet}; echo "0, {UUID}, N, 100, 0, 100, 0" ;;\n'
+        f"*) read -r _ < {meet} ;;\n"
+        "esac\n"
     )
     state = parse_probe_output(run_probe(hermetic_bin(tmp_path, fake)))
     assert state.gpu_error is None

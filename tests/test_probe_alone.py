@@ -4,12 +4,14 @@ runs on the host, from its start to its end (machines/probe.py ``ALONE``; the ag
 makes one unordered list as safe as the two around the read.  Against the shipped agent over
 pipes: the probe's script says which way it ran (its first argument), and a job started while
 an alone probe runs has the probe taken again the usual way, its reply naming the job.  On the
-coordinator's side, one list beside a job of ours is not believed for the GPUs."""
+coordinator's side, one list beside a job of ours is not believed for the GPUs.  On the SSH test
+cluster, a dry run's probe runs alone (and a batch's first probe: test_gpu_freed_midprobe_cluster)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,7 +22,11 @@ from ssh_scheduler.agent import wire as W
 from ssh_scheduler.agent.hostguard import JOBS_DIR
 from ssh_scheduler.executors.host import AgentExecutor
 from ssh_scheduler.machines.probe import ALONE
+from tests.cluster import Cluster, GpuSpec, HostSpec
+from tests.live_batch import machines, run_batch
+from tests.probe_counter import alone_probes, count_probes, ordered_pairs, probes
 from tests.test_agent_adopt import Agent
+from tests.test_probe import UUID, capture, probe_text
 
 SAYS_HOW = 'echo "ran [$1]"'
 
@@ -75,48 +81,31 @@ def test_a_probe_while_a_job_runs_lists_around_the_read(agent: Agent, tmp_path: 
 
 
 def test_a_job_started_while_an_alone_probe_runs_has_it_taken_again(agent: Agent, tmp_path: Path) -> None:
-    """The alone run waits (up to a minute, never timed) until the job has started; the reply
+    """The alone run waits at a FIFO for the job to have started (the job writes it); the reply
     is then the second run's, without the argument, and names the job."""
     root = tmp_path / "root"
-    flag = tmp_path / "job-started"
-    waits = f'if [ "$1" = {ALONE} ]; then i=0; while [ ! -e {flag} ] && [ $i -lt 3000 ]; do sleep 0.02; i=$((i+1)); done; fi'
+    started = tmp_path / "job-started"
+    os.mkfifo(started)
+    waits = f'if [ "$1" = {ALONE} ]; then read -r _ < {started}; fi'
     assert agent.proc.stdin is not None and agent.proc.stdout is not None
     agent.proc.stdin.write(P.Probe(id=2, cmd=f"{SAYS_HOW}; {waits}", alone=ALONE).encode())
-    run_job(agent, 3, "j", f"touch {flag}; exec sleep 30", root)
+    run_job(agent, 3, "j", f"echo started > {started}; exec sleep 30", root)
     reply = W.decode_answer(agent.proc.stdout.readline())
     assert isinstance(reply, P.ProbeReply), reply
-    assert flag.exists()
     assert reply.out == "ran []\n", reply  # without the second run: "ran [alone]"
     assert list(reply.own) == ["j"] and reply.own["j"].pids
     kill_job(agent, 4, "j")
-
-
-def alone_output() -> str:
-    """What the probe prints run alone on a host with one GPU and one process on it."""
-    uuid = "GPU-0"
-    return "\n".join(
-        [
-            "@@ssh_scheduler:begin@@",
-            "@@ssh_scheduler:nproc@@", "4", "@@ssh_scheduler:status nproc 0@@",
-            "@@ssh_scheduler:loadavg@@", "0.00 0.00 0.00 1/1 1", "@@ssh_scheduler:status loadavg 0@@",
-            "@@ssh_scheduler:meminfo@@", "MemTotal: 1024000 kB", "MemAvailable: 512000 kB",
-            "@@ssh_scheduler:status meminfo 0@@",
-            "@@ssh_scheduler:one_process_list@@", "@@ssh_scheduler:status one_process_list 0@@",
-            "@@ssh_scheduler:gpus@@", f"0, {uuid}, N, 16000, 1000, 15000, 0", "@@ssh_scheduler:status gpus 0@@",
-            "@@ssh_scheduler:gpu_processes@@", f"77, 1000, {uuid}", "@@ssh_scheduler:status gpu_processes 0@@",
-            "@@ssh_scheduler:end@@",
-        ]
-    ) + "\n"
 
 
 @pytest.mark.parametrize("own", [{}, {"j": {"pids": [77], "rss_mb": 10}}])
 async def test_a_host_whose_agent_names_a_job_of_ours_beside_one_list_gets_no_gpus(own: dict[str, dict[str, object]]) -> None:
     """The coordinator's side of the rule: the agent's reply naming a running job of ours
     (its own usage) with output of one process list is not believed for the GPUs."""
+    alone = probe_text(gpus=capture("nvsmi_csv_nounits_busy.txt"), apps=(f"618, 21482, {UUID}", 0), one_list=True)
 
     class Session:
         async def probe(self, command: str) -> tuple[str, int, dict[str, dict[str, object]]]:
-            return alone_output(), 0, own
+            return alone, 0, own
 
     transport = SimpleNamespace(machine=SimpleNamespace(name="h"))
     executor = AgentExecutor(transport, Session())  # type: ignore[arg-type]
@@ -125,4 +114,16 @@ async def test_a_host_whose_agent_names_a_job_of_ours_beside_one_list_gets_no_gp
         assert state.gpus == () and state.gpu_error is not None, state
         assert list(usage) == ["j"]
     else:
-        assert [gpu.uuid for gpu in state.gpus] == ["GPU-0"] and state.gpu_error is None
+        assert [gpu.uuid for gpu in state.gpus] == [UUID] and state.gpu_error is None
+
+
+def test_a_dry_runs_look_at_a_gpu_host_runs_alone(make_cluster: Callable[..., Cluster], tmp_path: Path) -> None:
+    """On the SSH test cluster, through the host's login shell: the dry run starts nothing, so
+    its one probe of the host lists the processes once (two nvidia-smi calls, not three)."""
+    cluster = make_cluster([HostSpec(gpus=[GpuSpec(memory_mb=16000)])])
+    host = cluster.hosts[0]
+    count_probes(host)
+    (tmp_path / "b.sh").write_text("true\n")
+    result = run_batch(tmp_path, "b.sh", *machines(cluster), "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert (probes(host), alone_probes(host), ordered_pairs(host)) == (1, 1, [])

@@ -70,11 +70,12 @@ def _decode_lines(data: bytes, shown: str) -> list[str]:
     """The physical lines as text; any NUL, stray ``\\r`` or bad UTF-8 raises for the first."""
     if data.startswith(b"\xef\xbb\xbf"):
         data = data[3:]
-    if b"\x00" not in data and b"\r" not in data.replace(b"\r\n", b"\n"):
+    unix = data.replace(b"\r\n", b"\n")
+    if b"\x00" not in unix and b"\r" not in unix:
         # The usual file, checked whole in C (10x faster on a 100,000-line batch): the same
         # lines; only a bad one needs _decode_each, to name the first.
         try:
-            text = data.replace(b"\r\n", b"\n").decode("utf-8")
+            text = unix.decode("utf-8")
         except UnicodeDecodeError:
             pass
         else:
