@@ -19,7 +19,7 @@ from ssh_scheduler.events import JobPlaced, Notice, PlanLine, Waiting
 from ssh_scheduler.jobs.needs import Needs
 from ssh_scheduler.planner.actions import Action, Say, StartJob
 from ssh_scheduler.planner.allocate import MachineResources, choose
-from ssh_scheduler.planner.phases import FINAL_PHASES, JobPhase, move
+from ssh_scheduler.planner.phases import FINAL_PHASES, JobPhase, JobSlot, move
 from ssh_scheduler.planner.state import PlanState
 
 __all__ = ["dispatch", "dry_run"]
@@ -83,15 +83,21 @@ def dry_run(state: PlanState) -> list[PlanLine]:
     (a job ended or was placed there) can fit them: the others' scores are what they were,
     ``-inf``, so :func:`~ssh_scheduler.planner.allocate.choose` over the changed ones picks what
     it would pick over all of them (its ties go by jobs held and name, not by order).  A big
-    batch on a full fleet then costs O(1) choices per job, not O(hosts)."""
+    batch on a full fleet then costs O(1) choices per job, not O(hosts).
+
+    Once the placements repeat (:class:`_Cycle`), the rest of a run of jobs with those needs is
+    not played out at all: each whole turn of the cycle places them where the last turn did."""
     running: deque[tuple[MachineResources, str]] = deque()
     machines = state.usable()
     lines: list[PlanLine] = []
     full_for: Needs | None = None  # nothing fitted these needs when every host was last scored
     changed: dict[str, MachineResources] = {}  # the hosts changed since, by name
-    for slot in state.jobs.values():
-        if slot.phase in FINAL_PHASES:
-            continue
+    slots = [slot for slot in state.jobs.values() if slot.phase not in FINAL_PHASES]
+    alike_ahead = _alike_ahead(slots)
+    cycle = _Cycle()
+    at = 0
+    while at < len(slots):
+        slot = slots[at]
         needs = slot.needs
         while True:
             if needs is full_for:
@@ -110,6 +116,58 @@ def dry_run(state: PlanState) -> list[PlanLine]:
             done_on, done_job = running.popleft()
             done_on.release(done_job)
             changed[done_on.name] = done_on
+        at += 1
+        turn = cycle.placed(target.name, placement.gpu_indices, needs, len(running))
+        if turn and at < len(slots) and slots[at].needs is needs:
+            # The hosts hold what they held one turn ago: whole turns go as the last one went
+            # and end where it ended, so the jobs after them are played out from there.
+            whole = alike_ahead[at] // len(turn) * len(turn)
+            for offset in range(whole):
+                host, gpus = turn[offset % len(turn)]
+                lines.append(PlanLine(job=slots[at + offset].job.name, host=host, gpus=gpus))
+            at += whole
     for machine, name in running:
         machine.release(name)
     return lines
+
+
+def _alike_ahead(slots: list[JobSlot]) -> list[int]:
+    """For each job: how many jobs from it on have its needs (the same object)."""
+    ahead = [0] * len(slots)
+    for at in range(len(slots) - 1, -1, -1):
+        follows = at + 1 < len(slots) and slots[at + 1].needs is slots[at].needs
+        ahead[at] = ahead[at + 1] + 1 if follows else 1
+    return ahead
+
+
+class _Cycle:
+    """Finds when a dry run's placements repeat.  Jobs end in the order they started, so the
+    jobs running are always the last ``n`` placed: what every host holds is those placements
+    (host and GPUs), in order, with their needs.  When the last ``n`` placements are the
+    ``n`` before them, all with the same needs and ``n`` running both times, the hosts hold
+    exactly what they held ``n`` placements ago, and jobs with those needs go on as they went
+    from there: a turn of ``n`` placements, over and over."""
+
+    __slots__ = ("_alike", "_history", "_needs", "_period", "_streak")
+
+    def __init__(self) -> None:
+        self._history: list[tuple[str, tuple[int, ...], int]] = []  # host, GPUs, jobs running after
+        self._needs: Needs | None = None
+        self._alike = 0  # placements in a row, to the last, with the last one's needs
+        self._period = 0
+        self._streak = 0  # placements in a row, to the last, that repeat the one _period before
+
+    def placed(self, host: str, gpus: tuple[int, ...], needs: Needs, running: int) -> list[tuple[str, tuple[int, ...]]]:
+        """Note one placement, after which ``running`` jobs run; the last turn's placements when
+        they repeat the turn before (else empty)."""
+        history = self._history
+        history.append((host, gpus, running))
+        self._alike = self._alike + 1 if needs is self._needs else 1
+        self._needs = needs
+        if running != self._period:
+            self._period, self._streak = running, 0
+        back = len(history) - 1 - running
+        self._streak = self._streak + 1 if back >= 0 and history[back] == history[-1] else 0
+        if self._streak < running or self._alike < 2 * running:
+            return []
+        return [(host, gpus) for host, gpus, _ in history[-running:]]
