@@ -22,7 +22,10 @@ import typer
 
 from ssh_scheduler.errors import SchedulerError, plain_text
 
-__all__ = ["StreamLines", "err_line", "fail", "out_line", "quiet_on_broken_pipe", "run_async", "terminal_line"]
+__all__ = [
+    "StreamLines", "err_line", "fail", "out_line", "out_line_held", "quiet_on_broken_pipe", "run_async", "terminal_line",
+    "write_held",
+]
 
 T = TypeVar("T")
 
@@ -34,11 +37,43 @@ def terminal_line(line: str) -> str:
 
 
 def out_line(line: str) -> None:
+    write_held()
     sys.stdout.write(terminal_line(line) + "\n")
     sys.stdout.flush()
 
 
+_held: list[str] = []
+_held_size = [0]
+HELD_MAX = 1 << 16
+"""Characters :func:`out_line_held` keeps before it writes them."""
+
+
+def out_line_held(line: str) -> None:
+    """:func:`out_line` for output nobody waits for line by line (a dry run's plan: it is all
+    there at once): kept, and written 64 KiB at a time, whatever stdout's own buffering
+    (``PYTHONUNBUFFERED`` writes each line on its own).  Whoever prints with it calls
+    :func:`write_held` when done; every other line, to stdout or stderr, writes what is kept
+    first, so the two streams still come in the order they were printed."""
+    text = terminal_line(line) + "\n"
+    _held.append(text)
+    _held_size[0] += len(text)
+    if _held_size[0] >= HELD_MAX:
+        write_held()
+
+
+def write_held() -> None:
+    """Write and flush what :func:`out_line_held` kept (nothing to do when it kept nothing)."""
+    if not _held:
+        return
+    text = "".join(_held)
+    _held.clear()
+    _held_size[0] = 0
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
 def err_line(line: str) -> None:
+    write_held()
     sys.stderr.write(terminal_line(line) + "\n")
     sys.stderr.flush()
 

@@ -8,6 +8,7 @@ come from one table (:mod:`ssh_scheduler.jobs.options`, turned into typer parame
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import sys
@@ -15,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 import typer
 
-from ssh_scheduler.cli.common import err_line, quiet_on_broken_pipe, terminal_line
+from ssh_scheduler.cli.common import err_line, quiet_on_broken_pipe, terminal_line, write_held
 from ssh_scheduler.cli.params import expand_multi_value
 
 COMMANDS = ("execute_batch", "execute_remote", "combine_folders", "execute_to", "sweep", "results", "report")
@@ -97,6 +98,15 @@ def route(name: str, args: Sequence[str]) -> tuple[str, list[str]]:
     return name, list(args)
 
 
+class _AfterStdout(logging.StreamHandler):  # type: ignore[type-arg]
+    """Library warnings on stderr, after what stdout still holds (``out_line_held``)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            write_held()
+        super().emit(record)
+
+
 class _LowerLevel(logging.Formatter):
     """``warning: ...``: one line, through the one sanitizer (a log message may carry a host's
     text); no traceback."""
@@ -110,7 +120,7 @@ def show_library_logs(level: int = logging.WARNING) -> None:
     appear on stderr as ``warning: ...`` lines."""
     logger = logging.getLogger("ssh_scheduler")
     if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _AfterStdout(sys.stderr)
         handler.setFormatter(_LowerLevel())
         handler.setLevel(level)  # -v lowers the logger's level for its own lines, not these
         logger.addHandler(handler)
