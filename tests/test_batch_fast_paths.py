@@ -5,6 +5,7 @@ lines and the same verdict, message for message."""
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
@@ -15,7 +16,9 @@ from ssh_scheduler.jobs.batch_file import (
     _decode_each,
     _decode_lines,
     _first_collision,
+    parse_batch,
 )
+from ssh_scheduler.jobs.job_names import job_name_prefix, job_name_problem
 
 PIECES = [b"echo a", b"x", b" ", b"\n", b"\r\n", b"\r", b"\x00", b"\xff", "é".encode(), b"\xc3", b"#", b"\xef\xbb\xbf"]
 
@@ -56,3 +59,49 @@ def test_names_are_checked_at_once_as_one_by_one(seeds: range) -> None:
         rng.shuffle(names)
         jobs = [Job(name, "true", number) for number, name in enumerate(names, start=1)]
         assert outcome(_check_names, jobs, "b.sh") == outcome(_first_collision, jobs, "b.sh"), (seed, names)
+
+
+# Pieces of a batch file's path, which names its jobs: the rules' edges (separators, control
+# characters, a leading '-' or space, the scheduler's reserved names and prefixes, UTF-8, and
+# lengths near the 200-byte limit, which a line number's digits cross).
+PATH_PIECES = ["b", "/", "./", "\\", "\x01", "-", " ", ".", "..", ".partial", "-", ".coordinator", ".log", ".lock", "é", "y" * 95, "z" * 30]
+
+
+def default_names_line_by_line(data: bytes, path: str) -> object:
+    """The default names as the rule states them: each line's ``<prefix>.<number>`` checked on
+    its own; the jobs, or the first bad line's number."""
+    prefix = job_name_prefix(path)
+    jobs = []
+    for number, line in enumerate(_decode_lines(data, path), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        name = f"{prefix}.{number}"
+        if job_name_problem(name) is not None:
+            return f"line {number}"
+        jobs.append(Job(name, line, number))
+    return jobs or "no commands"
+
+
+@pytest.mark.parametrize("seeds", [range(start, start + 25) for start in range(0, 200, 25)], ids=str)
+def test_default_names_are_checked_once_per_digit_count_as_line_by_line(seeds: range) -> None:
+    """parse_batch checks the first default name of each digit count only; on random paths and
+    files (up to 1,200 lines: 1 to 4 digits) it finds the same jobs, or the same first bad line."""
+    for seed in seeds:
+        rng = random.Random(seed)
+        path = "".join(rng.choice(PATH_PIECES) for _ in range(rng.randint(1, 4)))
+        count = rng.choice([1, 9, 10, 99, 100, 150, 1200])
+        data = "".join(rng.choice(["echo x\n", "echo x\n", "\n", "# c\n"]) for _ in range(count)).encode()
+        try:
+            got: object = parse_batch(data, path)
+        except BatchError as exc:
+            bad = re.search(r" line (\d+): default job name ", str(exc))
+            got = f"line {bad[1]}" if bad else "no commands" if "no commands" in str(exc) else str(exc)
+        assert got == default_names_line_by_line(data, path), (seed, path, count)
+
+
+@pytest.mark.parametrize(("length", "first_bad"), [(198, 10), (197, 100), (196, 1000)])
+def test_a_default_name_is_too_long_from_the_line_whose_number_makes_it_so(length: int, first_bad: int) -> None:
+    """A path of ``length`` bytes: ``<path>.<number>`` passes 200 bytes at the first number with
+    one digit more, and that line is the one named."""
+    with pytest.raises(BatchError, match=rf"^{'p' * length} line {first_bad}: default job name .* is 201 bytes long"):
+        parse_batch(b"echo x\n" * 1200, "p" * length)

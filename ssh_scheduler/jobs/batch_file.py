@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ssh_scheduler.errors import BatchError, plain_text, show_value
-from ssh_scheduler.jobs.command_line import CommandLine, parse_command_line
+from ssh_scheduler.jobs.command_line import parse_command_line
 from ssh_scheduler.jobs.job_names import RESULT_SUFFIXES, job_name_prefix, job_name_problem
 from ssh_scheduler.jobs.needs import NeedsOverride
 from ssh_scheduler.jobs.python_call import PythonCall
@@ -134,8 +134,10 @@ def _check_names(jobs: Sequence[Job], shown: str) -> None:
     # Two keys of one job never meet (their suffixes differ), so the names are good exactly
     # when every job's keys are all different: checked at once; the loop below finds the first
     # pair that meets, for the message.
-    every_key = [_collision_key(job.name) + suffix for job in jobs for suffix in ("", *RESULT_SUFFIXES)]
-    if len(set(every_key)) != len(every_key):
+    # The suffixes are ASCII, so the key of name+suffix is the key of name, plus suffix.
+    bases = [_collision_key(job.name) for job in jobs]
+    every_key = {base + suffix for base in bases for suffix in ("", *RESULT_SUFFIXES)}
+    if len(every_key) != len(bases) * (1 + len(RESULT_SUFFIXES)):
         _first_collision(jobs, shown)
 
 
@@ -216,6 +218,19 @@ def check_dependencies(jobs: Sequence[Job], shown: str) -> None:
                 stack.append((nxt, 0))
 
 
+def _check_default_name(name: str, shown: str, number: int) -> None:
+    """A default name (``<prefix>.<line number>``) must be a job name.  Whether it is depends
+    only on the prefix and how many digits the number has (no rule of :func:`job_name_problem`
+    looks at which digits: tests/test_batch_fast_paths.py), so a plain batch checks one name
+    per digit count."""
+    problem = job_name_problem(name)
+    if problem is not None:
+        raise BatchError(
+            f"{shown} line {number}: default {problem} (it comes from the batch file's "
+            "path: rename or move the file, or set names with --commands and --job-name)"
+        )
+
+
 def parse_batch(data: bytes, batch_path: str, *, commands_mode: bool = False) -> list[Job]:
     """Parse a whole batch file (bytes as read) into jobs, in file order.
 
@@ -227,24 +242,26 @@ def parse_batch(data: bytes, batch_path: str, *, commands_mode: bool = False) ->
     prefix = job_name_prefix(batch_path)
     lines = _decode_lines(data, shown)
     jobs: list[Job] = []
+    checked_digits = 0  # default names of this many digits were checked (see default_name_problem)
     for number, line in enumerate(lines, start=1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
-        parsed = CommandLine(line)
-        if commands_mode:
-            try:
-                parsed = parse_command_line(line)
-            except BatchError as err:
-                raise BatchError(f"{shown} line {number}: {err}") from None
-        name = parsed.job_name
-        if name is None:
+        if not commands_mode:  # the line is the command (as CommandLine(line) would have it)
             name = f"{prefix}.{number}"
-            problem = job_name_problem(name)
-            if problem is not None:
-                raise BatchError(
-                    f"{shown} line {number}: default {problem} (it comes from the batch file's "
-                    "path: rename or move the file, or set names with --commands and --job-name)"
-                )
+            if len(name) - len(prefix) - 1 != checked_digits:
+                _check_default_name(name, shown, number)
+                checked_digits = len(name) - len(prefix) - 1
+            jobs.append(Job(name, line, number))
+            continue
+        try:
+            parsed = parse_command_line(line)
+        except BatchError as err:
+            raise BatchError(f"{shown} line {number}: {err}") from None
+        if parsed.job_name is not None:
+            name = parsed.job_name
+        else:
+            name = f"{prefix}.{number}"
+            _check_default_name(name, shown, number)
         jobs.append(
             Job(
                 name, parsed.command, number, parsed.copy_forwards, parsed.copy_backwards,
