@@ -217,6 +217,10 @@ def test_a_turn_is_found_only_when_the_jobs_running_repeat_exactly() -> None:
     # running (the last 3 placed) are those of 3 placements before.
     steps = fill + [(h, g, 3) for h, g in turn] * 3
     assert found(steps, [same] * len(steps)) == [7, 8, 9, 10, 11]
+    cycle = _Cycle()
+    periods = [cycle.placed(host, gpus, same, running) for host, gpus, running in steps[:8]]
+    assert periods == [0] * 7 + [3]
+    assert cycle.last(3) == [("a", (1,)), ("a", (0,)), ("b", (0,))]  # the 6th to the 8th
     # The 8th placement left 2 running: the placements repeat from the 9th on, three in a row
     # with 3 running only at the 14th.
     steps = fill + [(h, g, 3) for h, g in turn] + [("a", (0,), 3), ("b", (0,), 2), ("a", (1,), 3)] + [(h, g, 3) for h, g in turn] * 2

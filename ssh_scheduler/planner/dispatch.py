@@ -117,13 +117,14 @@ def dry_run(state: PlanState) -> list[PlanLine]:
             done_on.release(done_job)
             changed[done_on.name] = done_on
         at += 1
-        turn = cycle.placed(target.name, placement.gpu_indices, needs, len(running))
-        if turn and at < len(slots) and slots[at].needs is needs:
+        period = cycle.placed(target.name, placement.gpu_indices, needs, len(running))
+        if period and at < len(slots) and slots[at].needs is needs and alike_ahead[at] >= period:
             # The hosts hold what they held one turn ago: whole turns go as the last one went
             # and end where it ended, so the jobs after them are played out from there.
-            whole = alike_ahead[at] // len(turn) * len(turn)
+            turn = cycle.last(period)
+            whole = alike_ahead[at] // period * period
             for offset in range(whole):
-                host, gpus = turn[offset % len(turn)]
+                host, gpus = turn[offset % period]
                 lines.append(PlanLine(job=slots[at + offset].job.name, host=host, gpus=gpus))
             at += whole
     for machine, name in running:
@@ -157,9 +158,9 @@ class _Cycle:
         self._period = 0
         self._streak = 0  # placements in a row, to the last, that repeat the one _period before
 
-    def placed(self, host: str, gpus: tuple[int, ...], needs: Needs, running: int) -> list[tuple[str, tuple[int, ...]]]:
-        """Note one placement, after which ``running`` jobs run; the last turn's placements when
-        they repeat the turn before (else empty)."""
+    def placed(self, host: str, gpus: tuple[int, ...], needs: Needs, running: int) -> int:
+        """Note one placement, after which ``running`` jobs run: ``running`` when the last
+        ``running`` placements repeat the ones before them (a turn: :meth:`last`), else 0."""
         history = self._history
         history.append((host, gpus, running))
         self._alike = self._alike + 1 if needs is self._needs else 1
@@ -168,6 +169,8 @@ class _Cycle:
             self._period, self._streak = running, 0
         back = len(history) - 1 - running
         self._streak = self._streak + 1 if back >= 0 and history[back] == history[-1] else 0
-        if self._streak < running or self._alike < 2 * running:
-            return []
-        return [(host, gpus) for host, gpus, _ in history[-running:]]
+        return running if self._streak >= running and self._alike >= 2 * running else 0
+
+    def last(self, count: int) -> list[tuple[str, tuple[int, ...]]]:
+        """The last ``count`` placements (host and GPUs), oldest first."""
+        return [(host, gpus) for host, gpus, _ in self._history[-count:]]
