@@ -82,3 +82,22 @@ def test_a_library_warning_comes_after_the_lines_held_before_it(tmp_path: Path) 
             stderr=subprocess.STDOUT, check=True, timeout=60,
         )
     assert (tmp_path / "log").read_text().splitlines() == ["one", "warning: two", "three", "four", "five"]
+
+
+def test_a_line_to_stderr_is_printed_when_the_reader_of_stdout_went_away() -> None:
+    """What was held for a reader that left is dropped; the line to stderr (an error, say) is
+    still printed."""
+    script = (
+        "import sys\n"
+        "from ssh_scheduler.cli.common import err_line, out_line_held\n"
+        "sys.stdin.readline()\n"  # (until the reader of stdout is gone)
+        "out_line_held('plan: x'); err_line('error: shown'); err_line('and after it')\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script], env=dict(os.environ, PYTHONPATH=str(REPO)),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    assert child.stdout is not None and child.stdin is not None
+    child.stdout.close()
+    _, err = child.communicate(b"go\n", timeout=60)
+    assert (child.returncode, err.decode().splitlines()) == (0, ["error: shown", "and after it"])

@@ -73,7 +73,10 @@ def write_held() -> None:
 
 
 def err_line(line: str) -> None:
-    write_held()
+    # A reader of stdout that went away must not cost the user this line (an error's, say):
+    # what was held for it is dropped, and the next line to stdout ends the command (141).
+    with contextlib.suppress(BrokenPipeError):
+        write_held()
     sys.stderr.write(terminal_line(line) + "\n")
     sys.stderr.flush()
 
