@@ -279,6 +279,16 @@ def test_a_job_no_host_could_ever_fit_is_refused_before_anything_runs() -> None:
         plan.begin("t")
 
 
+def test_the_batch_s_needs_are_judged_on_their_own_after_a_job_with_needs_of_its_own() -> None:
+    """A first line that fits with needs of its own says nothing of the batch's needs (checked
+    once for all the jobs that have them): a GPU batch on a host without GPUs is refused."""
+    batch = [Job("cpu", "x", 1, needs=NeedsOverride(gpus=0)), Job("gpu", "y", 2), Job("gpu2", "y", 3)]
+    plan = Planner(batch, [("h0", "h0")], PlanOptions(Needs(cpus=1, memory_mb=100, gpus=1, gpu_memory_mb=1000), gpus_explicit=True))
+    plan.probe_landed("h0", host_state(gpus=0))
+    with pytest.raises(UnsatisfiableError, match=r"job gpu can never run"):
+        plan.begin("t")
+
+
 def test_timeout_kills_at_the_deadline_and_the_attempt_ends_timed_out() -> None:
     plan, _actions = planner(jobs(1), hosts=1, options=PlanOptions(CPU, timeout=5))
     plan.job_started("j0", 100.0)

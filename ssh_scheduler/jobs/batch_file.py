@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from ssh_scheduler.errors import BatchError, plain_text, show_value
 from ssh_scheduler.jobs.command_line import parse_command_line
 from ssh_scheduler.jobs.job_names import RESULT_SUFFIXES, job_name_prefix, job_name_problem
-from ssh_scheduler.jobs.needs import NeedsOverride
+from ssh_scheduler.jobs.needs import NO_OVERRIDE, NeedsOverride
 from ssh_scheduler.jobs.python_call import PythonCall
 
 __all__ = ["Job", "check_dependencies", "parse_batch"]
@@ -50,7 +50,7 @@ class Job:
     """``None``: the batch-level default; ``()``: copy nothing."""
     copy_backwards: tuple[str, ...] | None = None
     """``None``: the batch-level default; ``()``: copy nothing back."""
-    needs: NeedsOverride = NeedsOverride()
+    needs: NeedsOverride = NO_OVERRIDE
     """What this job asks for itself; unset fields take the batch's needs."""
     after: tuple[str, ...] = ()
     """Names of jobs that must finish (exit 0) before this one starts."""

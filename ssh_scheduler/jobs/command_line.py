@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ssh_scheduler.errors import BatchError, ConfigError, show_value
 from ssh_scheduler.jobs.job_names import validate_job_name
-from ssh_scheduler.jobs.needs import Needs, NeedsOverride, flag_message
+from ssh_scheduler.jobs.needs import NO_OVERRIDE, Needs, NeedsOverride, flag_message
 from ssh_scheduler.jobs.options import LINE, Option, option, options_of
 
 __all__ = ["CommandLine", "parse_command_line", "parse_remote_command_line"]
@@ -28,7 +28,7 @@ class CommandLine:
     copy_forwards: tuple[str, ...] | None = None
     copy_backwards: tuple[str, ...] | None = None
     job_name: str | None = None
-    needs: NeedsOverride = NeedsOverride()
+    needs: NeedsOverride = NO_OVERRIDE
     after: tuple[str, ...] = ()
 
 

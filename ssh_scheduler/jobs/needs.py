@@ -17,6 +17,7 @@ __all__ = [
     "DEFAULT_CPU_OVERLOAD",
     "EPS",
     "GPU_UTILIZATION_TOLERANCE",
+    "NO_OVERRIDE",
     "Needs",
     "NeedsOverride",
     "cpus_text",
@@ -82,8 +83,9 @@ class NeedsOverride:
 
     @property
     def empty(self) -> bool:
-        # Asked once per job of the batch: a comparison, not a walk over fields().
-        return self == _NO_OVERRIDE
+        # Asked once per job of the batch: a comparison, not a walk over fields(); most jobs
+        # carry the default itself (NO_OVERRIDE), which needs not even that.
+        return self is NO_OVERRIDE or self == NO_OVERRIDE
 
     def apply(self, base: Needs) -> Needs:
         """``base`` with this job's own values put in (validated by :class:`Needs`)."""
@@ -139,4 +141,5 @@ def cpus_text(count: float) -> str:
     return "1 cpu" if count == 1 else f"{count:g} cpus"
 
 
-_NO_OVERRIDE = NeedsOverride()
+NO_OVERRIDE = NeedsOverride()
+"""No needs of the job's own: the default of every job and line that sets none."""

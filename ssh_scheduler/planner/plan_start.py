@@ -255,11 +255,14 @@ class BatchStart:
             reasons = "; ".join(f"{h.name}: {h.down}" for h in state.hosts.values())
             raise NoUsableHostError(f"no usable host ({reasons})")
         checked: dict[Needs, bool] = {}
+        base_fits: bool | None = None  # (the batch's needs, most jobs': not hashed for each job)
         for name, slot in state.jobs.items():
             slot.needs = slot.job.needs.apply(base) if not slot.job.needs.empty else base
-            fits = checked.get(slot.needs)
+            fits = base_fits if slot.needs is base else checked.get(slot.needs)
             if fits is None:
                 fits = checked[slot.needs] = any(m.could_ever_fit(slot.needs) for m in usable)
+                if slot.needs is base:
+                    base_fits = fits
             if not fits:
                 if self.answered and not state.open:
                     raise self._never_fits(name, slot.needs, usable, only=len(checked) == 1)

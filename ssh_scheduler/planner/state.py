@@ -128,7 +128,9 @@ class PlanState:
     # -- the queue -----------------------------------------------------------------------------
 
     def enqueue(self, slot: JobSlot, front: bool = False) -> None:
-        queue = self.queues.setdefault(slot.needs, deque())
+        queue = self.queues.get(slot.needs)
+        if queue is None:  # (not setdefault: its deque would be made for every job)
+            queue = self.queues[slot.needs] = deque()
         if front:
             queue.appendleft(slot.job.name)
         else:
