@@ -42,7 +42,7 @@ _STOPPING = {
 
 
 def _gpus(gpus: tuple[int, ...]) -> str:
-    return ",".join(str(g) for g in gpus)
+    return ",".join(map(str, gpus))
 
 
 def sanitized(printer: Printer) -> Printer:
@@ -62,6 +62,8 @@ class TerminalLines:
     def __call__(self, event: Event) -> None:
         out, err = self.out, self.err
         match event:
+            case PlanLine():  # first: a dry run prints one for every job at once
+                out(f"plan: {event.job} -> {event.host} CUDA_VISIBLE_DEVICES={_gpus(event.gpus)}")
             case JobStarted() if event.slurm_job:  # Slurm, not us, sets CUDA_VISIBLE_DEVICES
                 out(f"started: {event.job};  {event.command}  (Slurm job {event.slurm_job} through {event.host})")
             case JobStarted():
@@ -89,8 +91,6 @@ class TerminalLines:
             case BatchStarted():
                 out(f"machine limits:  {dict(event.limits)}")
                 out(f"machine gpu choices: {[list(c) for c in event.gpu_choices]}")
-            case PlanLine():
-                out(f"plan: {event.job} -> {event.host} CUDA_VISIBLE_DEVICES={_gpus(event.gpus)}")
             case HostDown():
                 err(f"warning: {event.reason}" if event.at_start else f"warning: host {event.host} lost: {event.reason}")
             case HostQuarantined():
