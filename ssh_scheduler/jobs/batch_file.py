@@ -242,7 +242,7 @@ def parse_batch(data: bytes, batch_path: str, *, commands_mode: bool = False) ->
     prefix = job_name_prefix(batch_path)
     lines = _decode_lines(data, shown)
     jobs: list[Job] = []
-    checked_digits = 0  # default names of this many digits were checked (see default_name_problem)
+    checked_digits = 0  # default names of this many digits were checked (see _check_default_name)
     for number, line in enumerate(lines, start=1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
