@@ -67,36 +67,42 @@ def test_names_are_checked_at_once_as_one_by_one(seeds: range) -> None:
 PATH_PIECES = ["b", "/", "./", "\\", "\x01", "-", " ", ".", "..", ".partial", "-", ".coordinator", ".log", ".lock", "é", "y" * 95, "z" * 30]
 
 
-def default_names_line_by_line(data: bytes, path: str) -> object:
+def default_names_line_by_line(data: bytes, path: str, commands_mode: bool) -> object:
     """The default names as the rule states them: each line's ``<prefix>.<number>`` checked on
-    its own; the jobs, or the first bad line's number."""
+    its own (a ``--commands`` line's ``--job-name`` instead, when it has one); the jobs, or the
+    first bad line's number."""
     prefix = job_name_prefix(path)
     jobs = []
     for number, line in enumerate(_decode_lines(data, path), start=1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
-        name = f"{prefix}.{number}"
-        if job_name_problem(name) is not None:
+        named = line.split()[1] if commands_mode and line.startswith("--job-name ") else None
+        name = named or f"{prefix}.{number}"
+        if named is None and job_name_problem(name) is not None:
             return f"line {number}"
-        jobs.append(Job(name, line, number))
+        jobs.append(Job(name, line.split(" ", 2)[2] if named else line, number))
     return jobs or "no commands"
 
 
+@pytest.mark.parametrize("commands_mode", [False, True], ids=["plain", "commands"])
 @pytest.mark.parametrize("seeds", [range(start, start + 25) for start in range(0, 200, 25)], ids=str)
-def test_default_names_are_checked_once_per_digit_count_as_line_by_line(seeds: range) -> None:
+def test_default_names_are_checked_once_per_digit_count_as_line_by_line(seeds: range, commands_mode: bool) -> None:
     """parse_batch checks the first default name of each digit count only; on random paths and
-    files (up to 1,200 lines: 1 to 4 digits) it finds the same jobs, or the same first bad line."""
+    files (up to 1,200 lines: 1 to 4 digits; with --commands, lines that name their job among
+    them) it finds the same jobs, or the same first bad line."""
     for seed in seeds:
         rng = random.Random(seed)
         path = "".join(rng.choice(PATH_PIECES) for _ in range(rng.randint(1, 4)))
         count = rng.choice([1, 9, 10, 99, 100, 150, 1200])
-        data = "".join(rng.choice(["echo x\n", "echo x\n", "\n", "# c\n"]) for _ in range(count)).encode()
+        command = "true" if commands_mode else "echo x"  # (--commands: one word, or quoted)
+        pool = [f"{command}\n", f"{command}\n", "\n", "# c\n"] + ([f"--job-name n{{}} {command}\n"] * 2 if commands_mode else [])
+        data = "".join(rng.choice(pool).format(at) for at in range(count)).encode()
         try:
-            got: object = parse_batch(data, path)
+            got: object = parse_batch(data, path, commands_mode=commands_mode)
         except BatchError as exc:
             bad = re.search(r" line (\d+): default job name ", str(exc))
             got = f"line {bad[1]}" if bad else "no commands" if "no commands" in str(exc) else str(exc)
-        assert got == default_names_line_by_line(data, path), (seed, path, count)
+        assert got == default_names_line_by_line(data, path, commands_mode), (seed, path, count)
 
 
 @pytest.mark.parametrize(("length", "first_bad"), [(198, 10), (197, 100), (196, 1000)])

@@ -43,7 +43,7 @@ def out_line(line: str) -> None:
 
 
 _held: list[str] = []
-_held_size = [0]
+_held_size = 0
 HELD_MAX = 1 << 16
 """Characters :func:`out_line_held` keeps before it writes them."""
 
@@ -54,20 +54,22 @@ def out_line_held(line: str) -> None:
     (``PYTHONUNBUFFERED`` writes each line on its own).  Whoever prints with it calls
     :func:`write_held` when done; every other line, to stdout or stderr, writes what is kept
     first, so the two streams still come in the order they were printed."""
+    global _held_size
     text = terminal_line(line) + "\n"
     _held.append(text)
-    _held_size[0] += len(text)
-    if _held_size[0] >= HELD_MAX:
+    _held_size += len(text)
+    if _held_size >= HELD_MAX:
         write_held()
 
 
 def write_held() -> None:
     """Write and flush what :func:`out_line_held` kept (nothing to do when it kept nothing)."""
+    global _held_size
     if not _held:
         return
     text = "".join(_held)
     _held.clear()
-    _held_size[0] = 0
+    _held_size = 0
     sys.stdout.write(text)
     sys.stdout.flush()
 

@@ -132,9 +132,8 @@ def _collision_key(name: str) -> str:
 def _check_names(jobs: Sequence[Job], shown: str) -> None:
     """Unique names, and no name equal to another job's folder/.out/.err (ignoring case)."""
     # Two keys of one job never meet (their suffixes differ), so the names are good exactly
-    # when every job's keys are all different: checked at once; the loop below finds the first
-    # pair that meets, for the message.
-    # The suffixes are ASCII, so the key of name+suffix is the key of name, plus suffix.
+    # when every job's keys are all different: checked at once (the key of name+suffix is the
+    # key of name, plus the ASCII suffix); _first_collision finds the first pair that meets.
     bases = [_collision_key(job.name) for job in jobs]
     every_key = {base + suffix for base in bases for suffix in ("", *RESULT_SUFFIXES)}
     if len(every_key) != len(bases) * (1 + len(RESULT_SUFFIXES)):
@@ -221,8 +220,8 @@ def check_dependencies(jobs: Sequence[Job], shown: str) -> None:
 def _check_default_name(name: str, shown: str, number: int) -> None:
     """A default name (``<prefix>.<line number>``) must be a job name.  Whether it is depends
     only on the prefix and how many digits the number has (no rule of :func:`job_name_problem`
-    looks at which digits: tests/test_batch_fast_paths.py), so a plain batch checks one name
-    per digit count."""
+    looks at which digits: tests/test_batch_fast_paths.py), so a batch checks the first default
+    name of each digit count."""
     problem = job_name_problem(name)
     if problem is not None:
         raise BatchError(
@@ -246,28 +245,28 @@ def parse_batch(data: bytes, batch_path: str, *, commands_mode: bool = False) ->
     for number, line in enumerate(lines, start=1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
-        if not commands_mode:  # the line is the command (as CommandLine(line) would have it)
+        parsed = None  # without --commands the line is the command, and sets nothing else
+        if commands_mode:
+            try:
+                parsed = parse_command_line(line)
+            except BatchError as err:
+                raise BatchError(f"{shown} line {number}: {err}") from None
+        if parsed is not None and parsed.job_name is not None:
+            name = parsed.job_name
+        else:
             name = f"{prefix}.{number}"
             if len(name) - len(prefix) - 1 != checked_digits:
                 _check_default_name(name, shown, number)
                 checked_digits = len(name) - len(prefix) - 1
+        if parsed is None:
             jobs.append(Job(name, line, number))
-            continue
-        try:
-            parsed = parse_command_line(line)
-        except BatchError as err:
-            raise BatchError(f"{shown} line {number}: {err}") from None
-        if parsed.job_name is not None:
-            name = parsed.job_name
         else:
-            name = f"{prefix}.{number}"
-            _check_default_name(name, shown, number)
-        jobs.append(
-            Job(
-                name, parsed.command, number, parsed.copy_forwards, parsed.copy_backwards,
-                parsed.needs, parsed.after,
+            jobs.append(
+                Job(
+                    name, parsed.command, number, parsed.copy_forwards, parsed.copy_backwards,
+                    parsed.needs, parsed.after,
+                )
             )
-        )
     if not jobs:
         raise BatchError(
             f"{shown}: no commands (every line is blank or a comment; write one command per line)"
