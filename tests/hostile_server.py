@@ -36,6 +36,17 @@ ENDLESS = object()
 STALL = object()
 """File content that never comes (every SFTP read waits forever, like an idle FIFO)."""
 
+
+
+@dataclass
+class Answers:
+    """File content served by a rule: ``rule(data, offset, size)`` is the answer to each SFTP
+    read (a host that cuts its answers short, or sends more than asked)."""
+
+    data: bytes
+    rule: Callable[[bytes, int, int], bytes]
+
+
 ROOT = "/evil"
 AGENT_PREFIX = "exec python3 -u -I -S -c"
 
@@ -58,7 +69,7 @@ class Scenario:
 
     entries: list[Any] | Callable[[], list[Any]] = field(default_factory=list)
     contents: dict[str, Any] = field(default_factory=dict)
-    """rel -> bytes, ENDLESS, STALL, or an SFTPError that opening it raises; a rel not here
+    """rel -> bytes, ENDLESS, STALL, Answers, or an SFTPError that opening it raises; a rel not here
     reads as b"data of <rel>"."""
     exit_code: int = 0
     output: bytes = b""
@@ -269,6 +280,8 @@ class HostileServer:
             if isinstance(content, asyncssh.SFTPError):
                 blobs.append(P.Blob(name=rel, error=content.reason))
                 continue
+            if isinstance(content, Answers):
+                content = content.data
             data = b"\xff" * (req.limit + 1) if content is ENDLESS else bytes(content)
             blobs.append(P.Blob(name=rel, data=base64.b64encode(data).decode()))
         return [P.Fetched(id=req.id, files=blobs)]
@@ -305,6 +318,8 @@ class _HostileSFTP(asyncssh.SFTPServer):
             return asyncio.get_running_loop().create_future()  # never resolved
         if file_obj.content is ENDLESS:
             return b"\xff" * size
+        if isinstance(file_obj.content, Answers):
+            return file_obj.content.rule(file_obj.content.data, offset, size)
         data = bytes(file_obj.content)
         return data[offset : offset + size]
 
@@ -327,6 +342,8 @@ class _HostileSFTP(asyncssh.SFTPServer):
             return self._attrs(len(file_obj.data))
         if file_obj.content is ENDLESS or file_obj.content is STALL:
             return self._attrs(1 << 62)
+        if isinstance(file_obj.content, Answers):
+            return self._attrs(len(file_obj.content.data))
         return self._attrs(len(file_obj.content))
 
     def stat(self, path: bytes) -> asyncssh.SFTPAttrs:

@@ -46,7 +46,6 @@ from ssh_scheduler.transport.base import (
     ExecResult,
     OutputSink,
     RemoteFileError,
-    SizeLimitExceeded,
     Transport,
     bounded,
     describe,
@@ -71,13 +70,20 @@ from ssh_scheduler.transport.jump import open_jump_hosts
 from ssh_scheduler.transport.lines import BoundedLines
 from ssh_scheduler.transport.loading import import_asyncssh
 from ssh_scheduler.transport.local import LocalTransport
+from ssh_scheduler.transport.sftp_read import (
+    Overlong,
+    Stalled,
+    WriteFailed,
+    block_size,
+    read_into,
+    within,
+)
 
 STDERR_TAIL = 4096
 """Bytes kept of the end of the agent's stderr."""
 # A download that makes no progress for this long is abandoned (a FIFO on the host, a stuck
 # server): it must not hold up a whole batch.
 SFTP_READ_TIMEOUT = 120.0
-READ_WINDOW = 8 * 1024 * 1024  # bytes of a large download asked for at once
 
 
 class SSHTransport:
@@ -341,28 +347,13 @@ class SSHTransport:
         import asyncssh
 
         sftp = await self.sftp()
-        total = 0
         path = os.fsencode(remote)  # bytes: a non-UTF-8 remote name arrives surrogate-escaped
         try:
-            f = await _within(sftp.open(path, "rb"), SFTP_READ_TIMEOUT)
+            # block_size=0: each read is one request (sftp_read.py keeps a few in flight)
+            f = await within(sftp.open(path, "rb", block_size=0), SFTP_READ_TIMEOUT)
             try:
-                while True:
-                    # The first read is small (most results are); past it, a window of reads
-                    # in flight at once (asyncssh splits it): one at a time, each chunk cost a
-                    # round trip and the link sat idle between them.
-                    chunk = await _within(f.read(READ_WINDOW if total else CHUNK), SFTP_READ_TIMEOUT)
-                    if not chunk:
-                        break
-                    total += len(chunk)
-                    if total > limit:
-                        raise SizeLimitExceeded(remote, limit)
-                    view = memoryview(chunk)
-                    try:
-                        while view:
-                            view = view[os.write(fd, view) :]
-                    except OSError as exc:
-                        raise _WriteFailed(exc) from None
-            except _Stalled:
+                total = await read_into(f, fd, remote, limit, block_size(sftp), SFTP_READ_TIMEOUT)
+            except Stalled:
                 raise  # the session is stuck: no polite close, it is dropped below
             except BaseException:
                 with contextlib.suppress(Exception):
@@ -371,13 +362,18 @@ class SSHTransport:
             else:
                 with contextlib.suppress(Exception):
                     await bounded(f.close(), 5)
-        except _Stalled:
+        except Stalled:
             await self._drop_sftp()
             raise RemoteFileError(
                 f"{describe(self.machine)}: download of {printable(remote)} stalled for "
                 f"{SFTP_READ_TIMEOUT:g} s (a FIFO or device on the host?)"
             ) from None
-        except _WriteFailed as failed:
+        except Overlong:
+            raise RemoteFileError(
+                f"{describe(self.machine)}: cannot read {printable(remote)}: the host answered a "
+                "read with more bytes than asked"
+            ) from None
+        except WriteFailed as failed:
             raise failed.error from None
         except asyncssh.SFTPError as exc:
             raise RemoteFileError(
@@ -439,39 +435,6 @@ class SSHTransport:
                 await bounded(self._proxy.wait_closed(), 2)
         for tunnel in reversed(self._tunnels):
             tunnel.close()
-
-
-class _WriteFailed(Exception):
-    """Writing the local file failed (carried past the handlers that mean the host)."""
-
-    def __init__(self, error: OSError) -> None:
-        super().__init__(error)
-        self.error = error
-
-
-class _Stalled(Exception):
-    """An SFTP request got no answer in time."""
-
-
-def _retrieve(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled():
-        task.exception()
-
-
-async def _within(awaitable: Any, timeout: float) -> Any:
-    """Await with a timeout, but on timeout leave the request running instead of cancelling it:
-    asyncssh's parallel reads leave orphan tasks behind when cancelled.  The abandoned request
-    ends when its SFTP session is dropped, and its outcome is collected quietly."""
-    task = asyncio.ensure_future(awaitable)
-    try:
-        done, _ = await asyncio.wait({task}, timeout=timeout)
-    except asyncio.CancelledError:
-        task.cancel()
-        raise
-    if not done:
-        task.add_done_callback(_retrieve)
-        raise _Stalled
-    return task.result()
 
 
 def _signal_number(name: str) -> int:
