@@ -13,8 +13,6 @@ neither asyncio nor asyncssh)::
 
 from __future__ import annotations
 
-import importlib
-
 TYPE_CHECKING = False  # typing's own costs every command's start 2 ms: mypy reads this alike
 if TYPE_CHECKING:
     from typing import Any
@@ -60,6 +58,8 @@ def __getattr__(name: str) -> Any:
     module = _API.get(name)
     if module is None:
         raise AttributeError(f"module 'ssh_scheduler' has no attribute {name!r}")
+    import importlib  # (only here: importlib/__init__ loads warnings, 2 ms of every command's start)
+
     value = getattr(importlib.import_module(f".{module}", __name__), name)
     globals()[name] = value
     return value

@@ -40,6 +40,7 @@ from ssh_scheduler.transport import hub_ask, hub_client, hub_place
 from ssh_scheduler.transport.hub_place import (
     KEEP_WARM_VARIABLE,
     private_folder,
+    sha256,
     socket_path,
     start_early,
     take_early,
@@ -391,14 +392,26 @@ def test_a_launcher_never_serves_a_place_claimed_for_another_key(warm: Warm, mon
     assert running_launchers() == []
 
 
+def test_the_keys_hash_is_sha256_without_openssl() -> None:
+    """The thin start hashes its keys with python's own SHA-256: the same digests as hashlib's."""
+    import hashlib
+
+    for data in (b"", b"abc", bytes(range(256)) * 300):
+        digest = sha256()
+        digest.update(data)
+        assert digest.hexdigest() == hashlib.sha256(data).hexdigest()
+
+
 def test_the_thin_start_loads_none_of_the_commands() -> None:
     loaded = subprocess.run(
         [SCRIPT_PYTHON, "-c", "import sys, ssh_scheduler.cli.launch; print(' '.join(sorted(sys.modules)))"],
         capture_output=True, text=True, check=True, cwd="/",
     ).stdout.split()
-    # Nor what only names types or logs (typing, dataclasses, logging: 10 ms of every start).
+    # Nor what only names types or logs (typing, dataclasses, logging: 10 ms of every start),
+    # nor OpenSSL.
     heavy = [name for name in loaded if name.split(".")[0] in (
         "asyncio", "asyncssh", "typer", "yaml", "cryptography", "typing", "dataclasses", "logging",
+        "_hashlib",  # hashlib's OpenSSL: 5 ms of every start, for a hash python has built in
     )]
     ours = sorted(name for name in loaded if name.startswith("ssh_scheduler"))
     assert heavy == []

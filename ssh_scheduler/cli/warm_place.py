@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import os
 import resource
 import socket
@@ -24,6 +23,7 @@ from ssh_scheduler.transport.hub_place import (
     hub_key,
     keep_warm_seconds,
     private_folder,
+    sha256,
 )
 from ssh_scheduler.transport.unix_socket import reachable
 
@@ -77,7 +77,9 @@ def launcher_key() -> str:
         _read("/proc/self/cgroup"),
         *(_link(f"/proc/self/ns/{name}") for name in ("mnt", "net", "pid", "user", "uts", "ipc")),
     ]
-    return hashlib.sha256("\0".join(parts).encode("utf-8", "surrogateescape")).hexdigest()[:20]
+    digest = sha256()
+    digest.update("\0".join(parts).encode("utf-8", "surrogateescape"))
+    return str(digest.hexdigest())[:20]
 
 
 def launcher_path(folder: Path, key: str | None = None) -> Path:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import os
 import stat
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 TYPE_CHECKING = False  # the thin start imports this module: typing's own import costs it 2 ms
 if TYPE_CHECKING:
     import subprocess
+    from typing import Any
 
 FOLDER_NAME = "ssh_scheduler"
 KEEP_WARM_VARIABLE = "SSH_SCHEDULER_KEEP_WARM"
@@ -85,11 +85,24 @@ def private_folder(create: bool) -> Path:
     return path
 
 
+def sha256() -> Any:
+    """A SHA-256 hash object, CPython's own: ``hashlib`` first loads OpenSSL (its import cost
+    every command's thin start 5 ms), though the two give the same digest."""
+    try:
+        from _sha2 import sha256 as built_in  # Python 3.12 and later
+    except ImportError:
+        try:
+            from _sha256 import sha256 as built_in  # Python 3.11
+        except ImportError:  # a Python built without them
+            from hashlib import sha256 as built_in
+    return built_in()
+
+
 @functools.cache
 def hub_key() -> str:
     """This package's version (each module's name, size and modification time), the python
     running it and the :data:`ENVIRONMENT`, hashed: a hub serves exactly what its key says."""
-    digest = hashlib.sha256()
+    digest = sha256()
     digest.update(os.fsencode(sys.executable) + b"\0")
     for name in ENVIRONMENT:
         digest.update(f"{name}={os.environ.get(name, '')}\0".encode("utf-8", "surrogateescape"))
@@ -97,7 +110,7 @@ def hub_key() -> str:
     digest.update(os.fsencode(package) + b"\0")
     for rel, st in sorted(_modules(package, "")):
         digest.update(f"{rel}:{st.st_size}:{st.st_mtime_ns}\0".encode("utf-8", "surrogateescape"))
-    return digest.hexdigest()[:20]
+    return str(digest.hexdigest())[:20]
 
 
 def _modules(folder: Path, prefix: str) -> Iterator[tuple[str, os.stat_result]]:
