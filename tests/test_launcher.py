@@ -408,10 +408,11 @@ def test_the_thin_start_loads_none_of_the_commands() -> None:
         capture_output=True, text=True, check=True, cwd="/",
     ).stdout.split()
     # Nor what only names types or logs (typing, dataclasses, logging: 10 ms of every start),
-    # nor OpenSSL.
+    # nor OpenSSL, nor socket.py.
     heavy = [name for name in loaded if name.split(".")[0] in (
         "asyncio", "asyncssh", "typer", "yaml", "cryptography", "typing", "dataclasses", "logging",
         "_hashlib",  # hashlib's OpenSSL: 5 ms of every start, for a hash python has built in
+        "socket", "selectors",  # socket.py's enums and selectors: 5 ms, where _socket does
     )]
     ours = sorted(name for name in loaded if name.startswith("ssh_scheduler"))
     assert heavy == []

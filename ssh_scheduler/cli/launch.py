@@ -17,12 +17,15 @@ before it takes it -- and the command runs here, as it always did: slower, never
 
 from __future__ import annotations
 
+# _socket, not socket: socket.py's import (its enums, selectors) costs 5 ms of every start,
+# and the thin start needs only the socket type itself and its constants.
+import _socket
 import contextlib
 import json
 import os
 import resource
 import signal
-import socket
+import struct
 import sys
 from pathlib import Path
 
@@ -178,7 +181,7 @@ def through_launcher(entry: str) -> int | None:
         path = launcher_path(private_folder(create=False))
     except (HubUnusable, OSError):
         return None
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
     try:
         lines = _Lines(sock)
         if not _hand_over(sock, lines, path, entry):
@@ -189,7 +192,7 @@ def through_launcher(entry: str) -> int | None:
         sock.close()
 
 
-def _hand_over(sock: socket.socket, lines: _Lines, path: Path, entry: str) -> bool:
+def _hand_over(sock: _socket.socket, lines: _Lines, path: Path, entry: str) -> bool:
     """Send the command and, once the launcher is ready for it, give it over (``GO``, with our
     standard streams and folder).  False when that did not happen (the command runs here)."""
     cwd = -1
@@ -209,7 +212,7 @@ def _hand_over(sock: socket.socket, lines: _Lines, path: Path, entry: str) -> bo
             return False
         # Our stdin, stdout, stderr and folder go with the GO, not before: a caller that gives
         # up leaves nothing of its own waiting in the launcher's socket.
-        socket.send_fds(sock, [GO], [0, 1, 2, cwd])
+        sock.sendmsg([GO], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, struct.pack("4i", 0, 1, 2, cwd))])
     except (OSError, ValueError):
         return False
     finally:
@@ -221,7 +224,7 @@ def _hand_over(sock: socket.socket, lines: _Lines, path: Path, entry: str) -> bo
 class _Lines:
     """The launcher's JSON lines on ``sock``, one at a time (two may come in one read)."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: _socket.socket) -> None:
         self.sock = sock
         self.pending = b""
 
@@ -235,7 +238,7 @@ class _Lines:
         return json.loads(line)
 
 
-def _follow(sock: socket.socket, lines: _Lines) -> int:
+def _follow(sock: _socket.socket, lines: _Lines) -> int:
     """The command is the launcher's: learn the copy's pid, pass our signals on to it, wait for
     its end, end as it did."""
     sock.settimeout(None)

@@ -11,7 +11,6 @@ import contextlib
 import fcntl
 import os
 import resource
-import socket
 import struct
 import sys
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from ssh_scheduler.transport.unix_socket import reachable
 
 TYPE_CHECKING = False  # the thin start imports this module: typing's own import costs it 2 ms
 if TYPE_CHECKING:
+    import socket
     from typing import Any
 
 ENTRIES = ("execute_batch", "execute_remote", "execute_to", "combine_folders", "ssh_scheduler")
@@ -101,6 +101,8 @@ def claim(path: Path) -> tuple[int, socket.socket] | None:
     except BlockingIOError:  # another launcher of this key runs
         os.close(lock)
         return None
+    import socket  # (only here: the thin start uses _socket, without socket.py's 5 ms)
+
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
         os.ftruncate(lock, 0)

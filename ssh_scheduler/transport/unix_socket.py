@@ -4,9 +4,11 @@ both refuse every other user)."""
 
 from __future__ import annotations
 
+# _socket, not socket: socket.py's own import costs 5 ms (its enums, selectors) of the thin
+# start, which needs only the socket type itself and its constants (socket.socket is a subclass).
+import _socket
 import contextlib
 import os
-import socket
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,8 +32,8 @@ def reachable(path: Path) -> Iterator[str]:
         os.close(fd)
 
 
-def peer_uid(sock: socket.socket) -> int:
+def peer_uid(sock: _socket.socket) -> int:
     """The uid of the process at the other end of a connected unix socket (SO_PEERCRED)."""
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    creds = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, struct.calcsize("3i"))
     _pid, uid, _gid = struct.unpack("3i", creds)
     return int(uid)
