@@ -81,7 +81,10 @@ def through_us(machine: dict[str, object], jobs: int, workdir: Path) -> tuple[fl
         proc.stderr.close()
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
-        raise RuntimeError(f"execute_batch failed ({proc.returncode}): {err[-2000:]}")
+        # What the failed jobs said (their .err files go with the run's folder).
+        said = [f"{p.name}: {p.read_text(errors='replace')[-500:]}"
+                for p in sorted((workdir / "job_results").glob("*.err")) if p.stat().st_size]
+        raise RuntimeError(f"execute_batch failed ({proc.returncode}): {err[-2000:]} | {' | '.join(said)[:2000]}")
     # Each committed job has its results folder (a silent job leaves no .out file).
     done = sum(1 for p in (workdir / "job_results").glob("jobs.sh.*") if p.is_dir())
     return wall, usage.ru_utime + usage.ru_stime, done
