@@ -5,8 +5,9 @@ request.  asyncssh's own parallel reader (a read larger than a block) waits on a
 requests with ``asyncio.wait`` at every answer and joins the answers into one buffer before
 giving any back: reading a 200 MB file from a test host cost 1.1-1.4 s of CPU that way on a
 2-core machine, 0.8-1.1 s this way, which awaits the oldest request, writes its answer and asks
-for the next block (what is left is asyncssh's decryption and packets, and the writes).  Only a file that filled its first block gets more than one read in flight, so a
-small result still costs two requests (its data, then the end).
+for the next block (what is left is asyncssh's decryption and packets, and the writes).  Only a
+file that filled its first block gets more than one read in flight, so a small result still
+costs two requests (its data, then the end).
 
 The host is untrusted: an answer longer than asked is an error of the host's, a short one is
 taken as far as it goes and the rest asked again from there (a regular file is cut short only
@@ -120,4 +121,3 @@ def _cancel(ahead: deque[tuple[int, asyncio.Future[bytes]]]) -> None:
     for _, reading in ahead:
         reading.cancel()
     ahead.clear()
-
