@@ -40,6 +40,9 @@ from tests.cluster import Cluster
 
 N_FILES = 3000
 MODES = (0o644, 0o600, 0o755, 0o640, 0o700)  # none touched by a umask of 022
+# big.bin: 3 MB of counted 4-byte words, every offset's bytes its own: more than the 8 SFTP reads
+# of 255 KiB (OpenSSH's block) the download keeps in flight, so a misplaced answer shows.
+BIG_WORDS = 750_000
 # On the host: every input's hash and exec bit, then N_FILES results of known content and mode.
 JOB = (
     "find data -type f -exec sha256sum {} + | sort -k2 > sums.txt && "
@@ -52,7 +55,7 @@ JOB = (
     "    p = \"%s/r%05d\" % (d, i)\n"
     "    open(p, \"wb\").write(bytes([i % 251]) * (i % 1500))\n"
     "    os.chmod(p, modes[i % len(modes)])\n"
-    "open(\"big.bin\", \"wb\").write(b\"\\xab\" * 400000)'"
+    "open(\"big.bin\", \"wb\").write(b\"\".join(i.to_bytes(4, \"big\") for i in range(" + str(BIG_WORDS) + ")))'"
 )
 
 
@@ -127,7 +130,7 @@ async def test_thousands_of_files_round_trip_in_bulk(
         path = job / "out" / f"{i % 40:02d}" / f"r{i:05d}"
         assert path.read_bytes() == bytes([i % 251]) * (i % 1500), path
         assert stat.S_IMODE(path.stat().st_mode) == MODES[i % len(MODES)] & ~umask, path
-    assert (job / "big.bin").read_bytes() == b"\xab" * 400_000
+    assert (job / "big.bin").read_bytes() == b"".join(i.to_bytes(4, "big") for i in range(BIG_WORDS))
     assert not (job / "data").exists()  # untouched inputs stay on the host
 
     # A repeat sends nothing: the host's cache has every input.
