@@ -135,6 +135,16 @@ def test_exit_codes_from_scontrol_as_captured(job: str, code: int, message: str 
     assert status.done and status.code == code and status.message == message
 
 
+@pytest.mark.parametrize("state", ["NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "REVOKED", "SPECIAL_EXIT"])
+def test_a_job_slurm_ended_is_never_a_success(state: str) -> None:
+    # sacct and scontrol show a job whose node failed (no requeue) as NODE_FAIL with ExitCode
+    # 0:0: its command never finished, so it must not count as finished
+    for status in (status_of(state, "0:0"), final_status(f"sacct 17|{state}|0:0\n")):
+        assert status is not None and status.done
+        assert status.code == 1 and status.message == f"Slurm: {state}"
+    assert status_of(state, "0:9").code == 137  # a signal stays what it was
+
+
 def test_final_status_from_scontrol_or_sacct() -> None:
     line = next(x for x in data("scontrol_mixed.txt").splitlines() if "JobName=tokA-fail " in x)
     assert final_status(line) == status_of("FAILED", "3:0", "NonZeroExitCode")

@@ -306,10 +306,12 @@ def status_of(state: str, exit_code: str | None = None, reason: str = "") -> Job
             message="Slurm: out of memory (raise --memory-required)",
         )
     if state in DONE_STATES:  # NODE_FAIL without requeue, BOOT_FAIL, PREEMPTED...
+        # Slurm ended it before its command did: never a success, whatever ExitCode says (a
+        # node that failed leaves 0:0)
         return JobStatus(
             state,
             done=True,
-            code=_exit_code(exit_code) if exit_code else 1,
+            code=(_exit_code(exit_code) if exit_code else 1) or 1,
             message=f"Slurm: {state}",
         )
     return JobStatus(state, waiting=True)
