@@ -93,10 +93,12 @@ async def test_ten_thousand_jobs_on_a_slurm_machine_put_no_argument_past_64_kib(
         ))  # fmt: skip
         ids = [slurm_id for slurm_id, _said, _lost in submitted]
         assert all(ids), submitted[:3]
-        queue.write_text("".join(f"{i}|{job_name(TOKEN, j)}|COMPLETED|None\n" for i, j in zip(ids, jobs, strict=True)))
+        # ended, without the wait status squeue tells (as an older squeue would): so scontrol
+        # and sacct are asked of every one, their ids batched
+        queue.write_text("".join(f"{i}|{job_name(TOKEN, j)}|COMPLETED|None|\n" for i, j in zip(ids, jobs, strict=True)))
         reply = await executor._query(ids, {job: (folders[job], 0, 0) for job in jobs})  # type: ignore[arg-type]
         assert len(reply.queue) == JOBS and len(reply.detail) == JOBS  # every one heard of
-        queue.write_text("".join(f"{i}|{job_name(TOKEN, j)}|RUNNING|None\n" for i, j in zip(ids, jobs, strict=True)))
+        queue.write_text("".join(f"{i}|{job_name(TOKEN, j)}|RUNNING|None|0\n" for i, j in zip(ids, jobs, strict=True)))
     finally:
         await executor.close()  # scancels every job of ours Slurm still runs
 

@@ -24,6 +24,7 @@ from ssh_scheduler.executors.slurm_jobs import (
     parse_squeue,
     parse_submitted,
     poll_reply,
+    queue_status,
     sbatch_argv,
     status_of,
     status_query,
@@ -97,16 +98,15 @@ def test_what_sbatch_printed() -> None:
 
 
 def test_squeue_states_as_captured() -> None:
-    queue = parse_squeue(data("squeue_mixed.txt"))
-    assert queue["2"].name == "tokA-ok" and queue["2"].state == "COMPLETED"
-    assert queue["9_2"].state == "FAILED" and queue["9_2"].reason == "NonZeroExitCode"
-    assert status_of(queue["5"].state).running
-    assert status_of(queue["7"].state).done
-    requeued = parse_squeue(data("squeue_requeued.txt"))["3"]
+    # the agent's squeue (id|name|state|reason|wait status) after jobs that ended every way
+    queue = parse_squeue(data("squeue_exit_codes.txt"))
+    assert queue["1803"].name == "tokC-ok" and queue["1803"].state == "COMPLETED"
+    assert queue["1807_2"].name == "tokC-@a|b"  # a "|" in a name stays in it
+    assert queue["1807_2"].state == "FAILED" and queue["1807_2"].reason == "NonZeroExitCode"
+    assert queue_status(queue["1809"]).running and queue_status(queue["1810"]).waiting
+    requeued = parse_squeue(data("squeue_requeued.txt"))["1813"]  # scontrol requeue of a running job
     assert requeued.state == "PENDING" and requeued.reason == "BeginTime"
-    assert status_of(requeued.state).waiting  # a requeued job is followed, not ended
-    timed_out = parse_squeue(data("squeue_timeout.txt"))["2"]
-    assert status_of(timed_out.state).code == 124
+    assert queue_status(requeued).waiting  # a requeued job is followed, not ended
     # the same job in scontrol: running, then requeued (Restarts=1) and waiting for a node
     before, after = (
         parse_scontrol(data("scontrol_before_node_kill.txt")),
@@ -145,6 +145,25 @@ def test_a_job_slurm_ended_is_never_a_success(state: str) -> None:
     assert status_of(state, "0:9").code == 137  # a signal stays what it was
 
 
+@pytest.mark.parametrize(
+    ("job", "code", "message"),
+    [
+        ("1803", 0, None),
+        ("1804", 3, None),  # exit 3: wait status 768
+        ("1805", 137, "Slurm: JobLaunchFailure"),  # kill -9 $$
+        ("1806", 143, "Slurm: JobLaunchFailure"),  # kill -TERM $$
+        ("1807_1", 1, None),
+        ("1807_2", 2, None),
+        ("1808", 143, "cancelled in Slurm (scancel)"),
+        ("1802", 124, "Slurm ended it at its time limit (TIMEOUT)"),
+    ],
+)
+def test_how_a_job_ended_as_squeue_tells_it(job: str, code: int, message: str | None) -> None:
+    # the same jobs' scontrol said ExitCode 0:0, 3:0, 0:9, 0:15, 1:0, 2:0, 0:15, 0:15
+    status = queue_status(parse_squeue(data("squeue_exit_codes.txt"))[job])
+    assert status.done and status.code == code and status.message == message
+
+
 def test_final_status_from_scontrol_or_sacct() -> None:
     line = next(x for x in data("scontrol_mixed.txt").splitlines() if "JobName=tokA-fail " in x)
     assert final_status(line) == status_of("FAILED", "3:0", "NonZeroExitCode")
@@ -162,7 +181,9 @@ def stand_ins(tmp_path: Path) -> tuple[Path, Path]:
     bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
     bin_dir.mkdir()
     logged = f'echo "$(basename "$0") $*" >> {shlex.quote(str(log))}\n'
-    (bin_dir / "squeue").write_text(f"#!/bin/sh\n{logged}cat {DATA / 'squeue_mixed.txt'}\n")
+    (bin_dir / "squeue").write_text(  # as captured, and one that ended without a wait status
+        f"#!/bin/sh\n{logged}cat {DATA / 'squeue_exit_codes.txt'}\necho '3|tokA-fail|FAILED|NonZeroExitCode|'\n"
+    )
     (bin_dir / "scontrol").write_text(  # one job's line, or every job's
         f"#!/bin/sh\n{logged}"
         f'if [ -n "$4" ]; then grep "^JobId=$4 " {DATA / "scontrol_mixed.txt"}; exit $?; fi\n'
@@ -190,9 +211,13 @@ def ask_the_agent(tmp_path: Path, request: P.SlurmQuery) -> P.SlurmReply:
     return answer
 
 
-def test_the_agent_answers_the_status_query_with_one_scontrol_for_every_job_that_ended(tmp_path: Path) -> None:
-    """squeue once; the jobs that ended told by ONE scontrol of every job (filtered: an array
-    task by its A_T id), those it no longer knows by one sacct; then each job's new output."""
+SQUEUE_LINE = "squeue --me -r -t all -h -O JobArrayID:0|,Name:0|,State:0|,Reason:0|,exit_code:0"
+
+
+def test_the_agent_answers_the_status_query_with_squeue_and_one_scontrol_for_the_rest(tmp_path: Path) -> None:
+    """squeue once, which tells how the jobs it lists ended; those it shows ended without a
+    wait status, or no longer lists, told by ONE scontrol of every job (filtered: an array task
+    by its A_T id), those scontrol no longer knows by one sacct; then each job's new output."""
     bin_dir, log = stand_ins(tmp_path)
     jobs = tmp_path / "root" / "jobs"
     jobs.mkdir(parents=True)
@@ -202,7 +227,8 @@ def test_the_agent_answers_the_status_query_with_one_scontrol_for_every_job_that
     (tmp_path / "elsewhere.out").write_bytes(b"not ours\n")
     request = status_query(
         SlurmSettings(command_prefix=f"PATH={shlex.quote(str(bin_dir))}:$PATH"),
-        ["3", "5", "9_2", "77", "78"],  # failed, running, an array task that failed, two aged out
+        # no wait status, running, an array task that failed, failed, two aged out
+        ["3", "1809", "1807_2", "1804", "77", "78"],
         {
             "j": (str(jobs / "t-j"), 6, 0),
             "j2": (str(jobs / "t-j2"), 0, 0),
@@ -213,22 +239,31 @@ def test_the_agent_answers_the_status_query_with_one_scontrol_for_every_job_that
     )
     reply = poll_reply(ask_the_agent(tmp_path, request))
     assert reply.squeue_ok and reply.queue["3"].state == "FAILED"
-    assert set(reply.detail) == {"3", "9_2", "77", "78"}  # 5 still runs: nothing asked of it
+    assert queue_status(reply.queue["1807_2"]).code == 2 and queue_status(reply.queue["1804"]).code == 3
+    assert set(reply.detail) == {"3", "77", "78"}  # squeue told the others; 1809 still runs
     assert final_status(reply.detail["3"]).code == 3  # type: ignore[union-attr]
-    assert final_status(reply.detail["9_2"]).code == 2  # type: ignore[union-attr]
     assert final_status(reply.detail["77"]).code == 0  # type: ignore[union-attr]
     assert final_status(reply.detail["78"]).code == 124  # type: ignore[union-attr]
     assert reply.data == {"j": {1: b"world\n"}, "j2": {2: b"oops\n"}}
     assert log.read_text().splitlines() == [
-        "squeue --me -r -t all -h -o %i|%j|%T|%r",
+        SQUEUE_LINE,
         "scontrol -o show job",
         "sacct -P -n -X -o JobID,State,ExitCode -j 77,78",
     ]
 
 
+def test_jobs_squeue_tells_whole_cost_nothing_more(tmp_path: Path) -> None:
+    bin_dir, log = stand_ins(tmp_path)
+    prefix = f"PATH={shlex.quote(str(bin_dir))}:$PATH"
+    request = status_query(SlurmSettings(command_prefix=prefix), ["1804", "1807_1", "1808", "1809"], {})
+    reply = poll_reply(ask_the_agent(tmp_path, request))
+    assert reply.detail == {} and log.read_text().splitlines() == [SQUEUE_LINE]
+    assert [queue_status(reply.queue[i]).code for i in ("1804", "1807_1", "1808")] == [3, 1, 143]
+
+
 def test_one_job_that_ended_is_asked_of_scontrol_alone(tmp_path: Path) -> None:
     bin_dir, log = stand_ins(tmp_path)
-    request = status_query(SlurmSettings(command_prefix=f"PATH={shlex.quote(str(bin_dir))}:$PATH"), ["3", "5"], {})
+    request = status_query(SlurmSettings(command_prefix=f"PATH={shlex.quote(str(bin_dir))}:$PATH"), ["3", "1809"], {})
     reply = poll_reply(ask_the_agent(tmp_path, request))
     assert set(reply.detail) == {"3"} and final_status(reply.detail["3"]).code == 3  # type: ignore[union-attr]
     assert log.read_text().splitlines()[1:] == ["scontrol -o show job 3"]

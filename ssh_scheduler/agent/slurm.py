@@ -1,9 +1,10 @@
 """The agent's ``slurm`` request: where this user's Slurm jobs stand, asked on the login node.
 
 One request answers for every job of ours on the machine (executors/slurm.py sends one per
-interval): ``squeue`` for their states; for the followed jobs that ended (or that squeue no
-longer shows) ONE ``scontrol -o show job`` -- of that job alone when only one ended, else of
-every job slurmctld knows, filtered here -- instead of one per job (each is an RPC that Slurm's
+interval): ``squeue`` for their states and, for those that ended, their exit status (squeue's
+``exit_code``: nothing more to ask of a job it still lists); for the followed jobs squeue no
+longer shows, ONE ``scontrol -o show job`` -- of that job alone when only one, else of every
+job slurmctld knows, filtered here -- instead of one per job (each is an RPC that Slurm's
 ``sdiag`` counts); ``sacct`` for those scontrol no longer knows, their ids batched so no
 argument grows with the number of jobs; and the new bytes of each job's output files.
 
@@ -27,7 +28,13 @@ if TYPE_CHECKING:
     Runner = Callable[[List[str]], Awaitable[Tuple[int, str]]]
     """Runs a command (argv, no shell): its exit status and its output, stderr after stdout."""
 
-SQUEUE = ["squeue", "--me", "-r", "-t", "all", "-h", "-o", "%i|%j|%T|%r"]
+SQUEUE = [
+    "squeue", "--me", "-r", "-t", "all", "-h",
+    # ":0": no field cut to a width; the name is the only free text (it may hold "|")
+    "-O", "JobArrayID:0|,Name:0|,State:0|,Reason:0|,exit_code:0",
+]  # fmt: skip
+"""``id|name|state|reason|wait status``: a job that ended is told whole by its line (the status
+as wait(2) gives it, the same ``ExitCode`` scontrol shows as ``rc:signal``), however many end."""
 SCONTROL = ["scontrol", "-o", "show", "job"]
 SACCT = ["sacct", "-P", "-n", "-X", "-o", "JobID,State,ExitCode", "-j"]
 IDS_PER_ARGUMENT = 16 * 1024
@@ -44,13 +51,13 @@ def with_prefix(prefix: Optional[str], argv: List[str]) -> List[str]:
     return ["/bin/sh", "-c", prefix + '\nexec "$@"', "sh", *argv]
 
 
-def queue_states(text: str) -> Dict[str, str]:
-    """Slurm id -> state (its first word) from squeue's ``id|name|state|reason`` lines."""
+def queue_states(text: str) -> Dict[str, Tuple[str, str]]:
+    """Slurm id -> (state (its first word), wait status) from :data:`SQUEUE`'s lines."""
     states = {}
     for line in text.splitlines():
         parts = line.split("|")
-        if len(parts) == 4 and parts[0]:
-            states[parts[0]] = parts[2].split(" ")[0]
+        if len(parts) >= 5 and parts[0]:
+            states[parts[0]] = (parts[-3].split(" ")[0], parts[-1].strip())
     return states
 
 
@@ -79,11 +86,14 @@ def id_batches(ids: List[str], limit: int = IDS_PER_ARGUMENT) -> List[List[str]]
     return batches
 
 
-async def how_they_ended(req: P.SlurmQuery, states: Dict[str, str], run: Runner) -> Dict[str, str]:
+async def how_they_ended(req: P.SlurmQuery, states: Dict[str, Tuple[str, str]], run: Runner) -> Dict[str, str]:
     """Slurm id -> what scontrol (or sacct, prefixed ``sacct ``) says of each followed job that
-    ended or that squeue no longer shows."""
+    squeue no longer shows, or shows ended without a wait status."""
     done = set(req.done)
-    wanted = [i for i in req.follow if i not in states or states[i] in done]
+    wanted = [
+        i for i in req.follow
+        if i not in states or (states[i][0] in done and not states[i][1].isdigit())
+    ]  # fmt: skip
     if not wanted:
         return {}
     detail = {}  # type: Dict[str, str]

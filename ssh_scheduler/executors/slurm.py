@@ -9,9 +9,9 @@ sets ``CUDA_VISIBLE_DEVICES``; the planner sees the machine as a queue of ``max_
 Slurm tells a client nothing by itself (no event stream to a submitter: ``strigger`` is for
 administrators and fires programs on the controller), so following jobs needs polling.  It is
 bounded: ONE query per interval for the whole machine (``slurm_jobs.status_query``, a request the
-login node's agent serves: squeue for every job of ours, one scontrol for those that just ended,
-and the new output of every running job), never one per job, and none at all while nothing of
-ours is in Slurm.
+login node's agent serves: squeue for every job of ours, which also tells how those that ended
+ended; one scontrol or sacct only for those squeue no longer lists; and the new output of every
+running job), never one per job, and none at all while nothing of ours is in Slurm.
 """
 
 from __future__ import annotations
@@ -244,7 +244,7 @@ class SlurmExecutor(AgentExecutor):
         for entry in reply.queue.values():
             if not entry.name.startswith(prefix):
                 continue
-            status = S.status_of(entry.state, None, entry.reason)
+            status = S.queue_status(entry)
             job = entry.name[len(prefix) :]
             if job.startswith(ARRAY_MARK):
                 if job not in folders:
@@ -284,7 +284,9 @@ class SlurmExecutor(AgentExecutor):
 
     async def _poll_loop(self) -> None:
         await asyncio.sleep(0.2)  # jobs submitted together are seen by one query
+        loop = asyncio.get_running_loop()
         while self._tracked:
+            began = loop.time()
             try:
                 await self._poll_once()
                 self._failures = 0
@@ -297,7 +299,9 @@ class SlurmExecutor(AgentExecutor):
                 if self._failures > QUERY_FAILURES_TOLERATED:
                     self._end_all(JobExit(None, host_lost=True, message=str(exc)))
                     return
-            await asyncio.sleep(self.settings.poll_interval)
+            # one query per interval, however long a query takes (a slow one is not added to
+            # the time a finished job waits to be seen, and its slot to be filled again)
+            await asyncio.sleep(max(0.0, began + self.settings.poll_interval - loop.time()))
 
     def _end_all(self, exit_: JobExit) -> None:
         for tracked in self._tracked.values():
@@ -338,6 +342,8 @@ class SlurmExecutor(AgentExecutor):
                         entry.reason,
                     )
                 t.state, t.missing = entry.state, 0
+                if t.ended is None and entry.state in S.DONE_STATES and entry.wait_status.isdigit():
+                    t.ended = S.queue_status(entry)  # told whole by squeue: nothing more asked
             elif reply.squeue_ok:
                 t.missing += 1
             if t.ended is None and t.slurm_id in reply.detail:

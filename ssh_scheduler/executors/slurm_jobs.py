@@ -37,6 +37,7 @@ __all__ = [
     "parse_submitted",
     "poll_reply",
     "prefixed",
+    "queue_status",
     "sbatch_argv",
     "scancel_commands",
     "status_of",
@@ -206,6 +207,8 @@ class QueueEntry:
     name: str
     state: str
     reason: str
+    wait_status: str = ""
+    """How it ended as wait(2) tells it (squeue's ``exit_code``), once it has."""
 
 
 @dataclass(slots=True)
@@ -221,14 +224,17 @@ class PollReply:
 
 
 def parse_squeue(text: str) -> dict[str, QueueEntry]:
-    """``squeue -h -o '%i|%j|%T|%r'`` lines by job id (array tasks are ``A_T``)."""
+    """The agent's ``squeue`` lines (``id|name|state|reason|wait status``) by job id (array
+    tasks are ``A_T``).  The name is the only free text: a ``|`` in it stays in it."""
     entries: dict[str, QueueEntry] = {}
     for line in text.splitlines():
         parts = line.strip().split("|")
-        if len(parts) != 4 or not parts[0]:
+        if len(parts) < 5 or not parts[0]:
             continue
-        job_id, name, state, reason = parts
-        entries[job_id] = QueueEntry(job_id, name, state.split()[0] if state else state, reason)
+        job_id, name, (state, reason, wait_status) = parts[0], "|".join(parts[1:-3]), parts[-3:]
+        entries[job_id] = QueueEntry(
+            job_id, name, state.split()[0] if state else state, reason, wait_status
+        )
     return entries
 
 
@@ -330,3 +336,12 @@ def final_status(detail: str) -> JobStatus | None:
     if not fields.get("JobState"):
         return None
     return status_of(fields["JobState"], fields.get("ExitCode"), fields.get("Reason", ""))
+
+
+def queue_status(entry: QueueEntry) -> JobStatus:
+    """Where a job squeue lists stands.  One that ended is told whole by its wait status (the
+    status query asks scontrol or sacct only of the others); without one (an ``exit_code``
+    squeue did not fill) its code is as :func:`status_of` guesses it from the state alone."""
+    status = entry.wait_status
+    code = f"{(int(status) >> 8) & 0xFF}:{int(status) & 0x7F}" if status.isdigit() else None
+    return status_of(entry.state, code, entry.reason)
