@@ -90,6 +90,17 @@ def through_us(machine: dict[str, object], jobs: int, workdir: Path) -> tuple[fl
     return wall, usage.ru_utime + usage.ru_stime, done
 
 
+def what_slurm_said(slurm: SlurmCluster) -> str:
+    """Slurm's own record of the jobs that did not complete (scontrol, and what slurmctld
+    logged of them): how a failed job failed, beyond its exit status."""
+    text = slurm.command("scontrol", "-o", "show", "job", check=False)
+    failed = [line for line in text.splitlines() if " JobState=" in line and " JobState=COMPLETED " not in line]
+    ids = [line.split()[0].removeprefix("JobId=") for line in failed[:3]]
+    log = (slurm.base / "log" / "slurmctld.log").read_text(errors="replace").splitlines()
+    said = [line for line in log if any(f"JobId={i} " in line or f"JobId={i}\n" in line + "\n" for i in ids)]
+    return f"{len(failed)} not completed: {' || '.join(failed[:3])} || slurmctld: {' || '.join(said[-20:])}"
+
+
 def measured_env() -> dict[str, str]:
     """The environment the measured package is imported in: a PYTHONPATH given (the driver's
     --ref puts the exported package there) or this checkout."""
@@ -129,7 +140,10 @@ def main() -> int:
                         if kind == "hand":
                             hand.append(by_hand(login, slurm, args.jobs, pinned["options"]))
                         else:
-                            ours.append(through_us(machine, args.jobs, Path(tmp) / f"round{r}"))
+                            try:
+                                ours.append(through_us(machine, args.jobs, Path(tmp) / f"round{r}"))
+                            except RuntimeError as exc:
+                                raise RuntimeError(f"{exc} | {what_slurm_said(slurm)}") from None
                         print(
                             f"round {r + 1} {kind}: {hand[-1] if kind == 'hand' else ours[-1][0]:.1f} s",
                             file=sys.stderr,
