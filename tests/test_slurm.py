@@ -261,6 +261,24 @@ def test_jobs_squeue_tells_whole_cost_nothing_more(tmp_path: Path) -> None:
     assert [queue_status(reply.queue[i]).code for i in ("1804", "1807_1", "1808")] == [3, 1, 143]
 
 
+def test_a_squeue_without_exit_code_leaves_no_job_waiting(tmp_path: Path) -> None:
+    # a squeue that refuses the exit_code field (as 22.05 refuses a field it does not know):
+    # the plain format is asked next, and the jobs that ended are asked of scontrol
+    bin_dir, log = stand_ins(tmp_path)
+    (bin_dir / "squeue").write_text(
+        f'#!/bin/sh\necho "squeue $*" >> {shlex.quote(str(log))}\n'
+        'case "$*" in *exit_code*) echo "squeue: error: Invalid job format specification: exit_code:0"; exit 1;; esac\n'
+        "echo '3|tokA-fail|FAILED|NonZeroExitCode|'\necho '5|tokA-timeout|RUNNING|None|'\n"
+    )
+    request = status_query(SlurmSettings(command_prefix=f"PATH={shlex.quote(str(bin_dir))}:$PATH"), ["3", "5"], {})
+    reply = poll_reply(ask_the_agent(tmp_path, request))
+    assert reply.squeue_ok and queue_status(reply.queue["5"]).running
+    assert set(reply.detail) == {"3"} and final_status(reply.detail["3"]).code == 3  # type: ignore[union-attr]
+    assert log.read_text().splitlines() == [
+        SQUEUE_LINE, "squeue --me -r -t all -h -o %i|%j|%T|%r|", "scontrol -o show job 3"
+    ]
+
+
 def test_one_job_that_ended_is_asked_of_scontrol_alone(tmp_path: Path) -> None:
     bin_dir, log = stand_ins(tmp_path)
     request = status_query(SlurmSettings(command_prefix=f"PATH={shlex.quote(str(bin_dir))}:$PATH"), ["3", "1809"], {})

@@ -35,6 +35,9 @@ SQUEUE = [
 ]  # fmt: skip
 """``id|name|state|reason|wait status``: a job that ended is told whole by its line (the status
 as wait(2) gives it, the same ``ExitCode`` scontrol shows as ``rc:signal``), however many end."""
+SQUEUE_PLAIN = ["squeue", "--me", "-r", "-t", "all", "-h", "-o", "%i|%j|%T|%r|"]
+"""The same lines with no wait status, for a squeue that refuses :data:`SQUEUE` (one without
+``exit_code``): the jobs that ended are then asked of scontrol, never left waiting."""
 SCONTROL = ["scontrol", "-o", "show", "job"]
 SACCT = ["sacct", "-P", "-n", "-X", "-o", "JobID,State,ExitCode", "-j"]
 IDS_PER_ARGUMENT = 16 * 1024
@@ -119,6 +122,10 @@ async def how_they_ended(req: P.SlurmQuery, states: Dict[str, Tuple[str, str]], 
 async def query(req: P.SlurmQuery, run: Runner) -> P.SlurmReply:
     """squeue, then how the followed jobs that ended ended (not their output: see new_output)."""
     rc, text = await run(with_prefix(req.prefix, SQUEUE))
+    if rc != 0:  # an older squeue's "Invalid job format", say; or Slurm not answering at all
+        plain_rc, plain = await run(with_prefix(req.prefix, SQUEUE_PLAIN))
+        if plain_rc == 0:
+            rc, text = plain_rc, plain
     reply = P.SlurmReply(id=req.id, rc=rc, squeue=text)
     if rc == 0:
         reply.detail = await how_they_ended(req, queue_states(text), run)
