@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -97,7 +98,7 @@ def what_slurm_said(slurm: SlurmCluster) -> str:
     failed = [line for line in text.splitlines() if " JobState=" in line and " JobState=COMPLETED " not in line]
     ids = [line.split()[0].removeprefix("JobId=") for line in failed[:3]]
     log = (slurm.base / "log" / "slurmctld.log").read_text(errors="replace").splitlines()
-    said = [line for line in log if any(f"JobId={i} " in line or f"JobId={i}\n" in line + "\n" for i in ids)]
+    said = [line for line in log if any(re.search(rf"JobId={i}\b", line) for i in ids)]
     return f"{len(failed)} not completed: {' || '.join(failed[:3])} || slurmctld: {' || '.join(said[-20:])}"
 
 

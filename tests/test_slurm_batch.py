@@ -3,6 +3,7 @@ tests/slurm_cluster.py, through its SSH login node."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import secrets
 import subprocess
@@ -11,6 +12,9 @@ from pathlib import Path
 
 import yaml
 
+from ssh_scheduler.agent import slurm as agent_slurm
+from ssh_scheduler.executors import slurm_jobs as S
+from ssh_scheduler.machines.slurm import SlurmSettings
 from ssh_scheduler.results.journal import batch_token
 from tests.conftest_slurm import SlurmSite
 from tests.live_batch import LiveBatch, batch_env, run_batch, wait_until
@@ -223,3 +227,35 @@ def test_output_past_max_output_bytes_is_dropped_and_the_job_cancelled(
     assert result.returncode == 1, result.stdout + result.stderr
     assert (tmp_path / "job_results" / "jobs.sh.1.out").read_text() == "x" * 1000
     assert row["JobState"] == "CANCELLED"
+
+
+def test_the_agents_squeue_tells_how_jobs_ended_on_the_real_slurm(slurm: SlurmSite) -> None:
+    """The status query's own squeue line (agent/slurm.py) against the real squeue: accepted
+    as written (no retry in the plain format), a name holding "|" kept whole, and each job that
+    ended told by its wait status exactly as scontrol's ExitCode tells it, with nothing more run."""
+    site = slurm.slurm
+    name = f"sshs-t{secrets.token_hex(4)}-a|b"
+    ids = {
+        wrap: site.command("sbatch", "--parsable", "-J", name, "-o", "/dev/null", "--wrap", wrap).strip()
+        for wrap in ("true", "exit 3", "kill -9 $$")
+    }
+    for job_id in ids.values():
+        wait_until(lambda j=job_id: site.job_field(j, "JobState") in S.DONE_STATES, f"job {job_id} ended")  # type: ignore[misc]
+    ran: list[list[str]] = []
+
+    async def run(argv: list[str]) -> tuple[int, str]:
+        ran.append(argv)
+        proc = subprocess.run(argv, capture_output=True, text=True, env=site.env, check=False)
+        return proc.returncode, proc.stdout + proc.stderr
+
+    query = S.status_query(SlurmSettings(), list(ids.values()), {})
+    reply = S.poll_reply(asyncio.run(agent_slurm.query(query, run)))
+    assert ran == [agent_slurm.SQUEUE], ran  # squeue told all: no retry, no scontrol, no sacct
+    assert reply.squeue_ok and reply.detail == {}
+    for wrap, code in (("true", 0), ("exit 3", 3), ("kill -9 $$", 137)):
+        entry = reply.queue[ids[wrap]]
+        assert entry.name == name
+        told = S.queue_status(entry)
+        assert told.done and told.code == code, (wrap, entry)
+        exit_code = site.job_field(ids[wrap], "ExitCode")
+        assert told == S.status_of(entry.state, exit_code, entry.reason), (wrap, exit_code)
