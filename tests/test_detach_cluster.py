@@ -75,19 +75,24 @@ def test_cancel_all_kills_a_detached_batch_s_jobs_on_the_hosts(cluster4: Cluster
 
 
 @pytest.mark.slow
-def test_ctrl_c_before_the_batch_is_under_way_stops_the_coordinator_too(cluster4: Cluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize("what", ["batch", "sweep"])
+def test_ctrl_c_before_the_batch_is_under_way_stops_the_coordinator_too(cluster4: Cluster, tmp_path: Path, what: str) -> None:
+    # One Ctrl-C: the parent passes it on as one signal, and nothing runs yet, so a drain would end
+    # the batch as "done" (a coordinator that took it as a Ctrl-C did so, and reported success).
     (tmp_path / "b.sh").write_text(f"{MARK}\n")
+    (tmp_path / "sweep.yaml").write_text(f"template:\n  train: {MARK}\n---\nlr: [1]\n")
+    batch, folder = (["b.sh"], tmp_path / "job_results") if what == "batch" else (["--sweep", "sweep.yaml"], tmp_path / "job_results" / ".jobs")
     cluster4.hosts[1].freeze()  # its sshd never answers: the start waits on it
     machines = ["--machines", *(str(p) for p in cluster4.machine_files[:2])]
     parent = subprocess.Popen(
-        [*CLI, "execute_batch", "b.sh", "--detach", *machines, *NO_GPU], cwd=tmp_path,
+        [*CLI, "execute_batch", *batch, "--detach", *machines, *NO_GPU], cwd=tmp_path,
         env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
 
     def coordinators() -> list[int]:
         return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and int(p.name) != parent.pid and _cwd(p) == tmp_path]
 
-    lock = tmp_path / "job_results" / ".lock"
+    lock = folder / ".lock"
     # The coordinator holds the results folder (so it runs the batch) and waits on the host.
     assert wait_for(lambda: lock.is_file() and lock.read_text().strip() != "")
     child = int(json.loads(lock.read_text())["pid"])
@@ -99,7 +104,10 @@ def test_ctrl_c_before_the_batch_is_under_way_stops_the_coordinator_too(cluster4
     assert wait_for(lambda: not coordinators(), 30), coordinators()
     assert not Path(f"/proc/{child}").exists()
     assert job_processes(cluster4, 1) == {cluster4.hosts[0].name: []}
-    assert not (tmp_path / "job_results").exists()  # made by that run, and left empty
+    if what == "batch":
+        assert not (tmp_path / "job_results").exists()  # made by that run, and left empty
+    else:  # the sweep laid its combinations out first; no job of it started
+        assert (folder / ".journal.jsonl").read_text() == "" and not (folder / "default.train").exists()
 
 
 def _cwd(proc: Path) -> Path | None:

@@ -106,8 +106,14 @@ def execute_batch(
             )
         else:
             batch, display = prepare(None)
+            stop = batch.request_stop
+            if session is not None:
+                from ssh_scheduler.cli.detach import DetachedDisplay
+
+                assert isinstance(display, DetachedDisplay)
+                stop = display.interrupt(stop)
             with display:
-                summary = run_async(batch.run, batch.request_stop)
+                summary = run_async(batch.run, stop)
     except SchedulerError as exc:
         raise fail(exc) from None
     except asyncio.CancelledError:

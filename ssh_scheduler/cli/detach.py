@@ -118,6 +118,19 @@ class DetachedDisplay:
         self.out, self.err = session.printer(_out), session.printer(_err)
         wire_logging(verbosity, self.err)
 
+    def interrupt(self, request_stop: Callable[[], None]) -> Callable[[], None]:
+        """The signal handler for ``request_stop`` (first call drains, second kills).  Until the
+        batch is under way only the parent signals us, and it means "stop now" (its user pressed
+        Ctrl-C while it waited): one signal then stops and kills, whether or not the parent's
+        second one comes before a drain with nothing running has already ended the batch."""
+
+        def handler() -> None:
+            request_stop()
+            if not self.session.under_way:
+                request_stop()
+
+        return handler
+
     def watch(self, batch: Batch) -> None:
         from ssh_scheduler.view.display import plain_subscriber
 

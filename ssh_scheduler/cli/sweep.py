@@ -122,7 +122,7 @@ def sweep(
         show = detached_show(output) if output is not None else foreground_show(values)
         runner = SweepRun(jobs, hosts, options, layout, [name for name, _ in chosen], show, debug)
         with output or contextlib.nullcontext():
-            code = run_async(runner.run, runner.request_stop)
+            code = run_async(runner.run, output.interrupt(runner.request_stop) if output is not None else runner.request_stop)
     except SchedulerError as exc:
         raise fail(exc) from None
     except asyncio.CancelledError:

@@ -88,11 +88,13 @@ def start_coordinator(argv: Callable[[int], Sequence[str]], echo: Callable[[byte
                         break
                     said += chunk
         except KeyboardInterrupt:
-            # Twice, as two Ctrl-C: the batch that was not yet under way is stopped, jobs killed.
-            # Two different signals: two of one kind sent at once may arrive as one.
-            for signo in (signal.SIGINT, signal.SIGTERM):
-                with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(signo)
+            # The batch is not under way yet: it stops, its jobs killed.  One SIGTERM: until it
+            # says it is under way the coordinator takes any interrupt as "stop now" (cli/detach.py),
+            # and before it set its handlers it dies of it quietly (a SIGINT would be a traceback).
+            # Two signals as two Ctrl-C raced a drain with nothing running, which ends the batch
+            # as "done" before the second one came.
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
             proc.wait()
             _echo_new(early, shown, echo)
             return None, 130
