@@ -92,14 +92,23 @@ def through_us(machine: dict[str, object], jobs: int, workdir: Path) -> tuple[fl
 
 
 def what_slurm_said(slurm: SlurmCluster) -> str:
-    """Slurm's own record of the jobs that did not complete (scontrol, and what slurmctld
-    logged of them): how a failed job failed, beyond its exit status."""
+    """Slurm's own record of the jobs that did not complete (scontrol, and what slurmctld and
+    the nodes' slurmd logged of them): how a failed job failed, beyond its exit status."""
     text = slurm.command("scontrol", "-o", "show", "job", check=False)
     failed = [line for line in text.splitlines() if " JobState=" in line and " JobState=COMPLETED " not in line]
-    ids = [line.split()[0].removeprefix("JobId=") for line in failed[:3]]
-    log = (slurm.base / "log" / "slurmctld.log").read_text(errors="replace").splitlines()
-    said = [line for line in log if any(re.search(rf"JobId={i}\b", line) for i in ids)]
-    return f"{len(failed)} not completed: {' || '.join(failed[:3])} || slurmctld: {' || '.join(said[-20:])}"
+    # slurmctld logs an array's task as JobId=<array>_<task>(<id>), a plain job as JobId=<id>
+    names = []
+    for line in failed[:3]:
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        job_id = re.escape(fields.get("JobId", "?"))
+        names += [rf"JobId={job_id}\b", rf"\[{job_id}\.batch\]", rf"\bjob {job_id}\b"]  # slurmd's forms
+        if "ArrayJobId" in fields:
+            names.append(re.escape(f"JobId={fields['ArrayJobId']}_{fields.get('ArrayTaskId', '?')}("))
+    log = []  # the controller's log, then the nodes' (slurmd-<node>.log)
+    for path in sorted((slurm.base / "log").glob("slurm*.log"), key=lambda p: p.name != "slurmctld.log"):
+        log += [f"{path.stem}: {line}" for line in path.read_text(errors="replace").splitlines()]
+    said = [line for line in log if any(re.search(n, line) for n in names)]
+    return f"{len(failed)} not completed: {' || '.join(failed[:3])} || logged: {' || '.join(said[-30:])}"
 
 
 def measured_env() -> dict[str, str]:

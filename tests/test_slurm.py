@@ -74,6 +74,10 @@ def test_sbatch_asks_for_the_jobs_needs_and_carries_the_batch_token() -> None:
     )
     assert not any(a.startswith(("--gres", "--partition")) for a in cpu_only)
     assert "--time=1:00:00" in cpu_only
+    # a job named run%j: Slurm would write its output to run<job id>.out; %% is a '%' to it
+    named = sbatch_argv(SlurmSettings(), name="n", jobdir="/d/t-run%j", needs=Needs(), timeout=None)
+    assert "--output=/d/t-run%%j.out" in named and "--error=/d/t-run%%j.err" in named
+    assert "--chdir=/d/t-run%j" in named  # not a pattern there
 
 
 def test_the_batch_script_leaves_cuda_visible_devices_to_slurm_for_gpu_jobs() -> None:
@@ -365,6 +369,7 @@ def test_an_array_runs_each_task_in_its_own_jobs_folder(tmp_path: Path) -> None:
         array_submit_command,
         parse_array_script,
         shared_options,
+        task_outputs,
     )
 
     folders = [str(tmp_path / f"tok-j {n}") for n in range(3)]  # a space survives the quoting
@@ -392,16 +397,25 @@ def test_an_array_runs_each_task_in_its_own_jobs_folder(tmp_path: Path) -> None:
     for folder in folders:
         Path(folder).mkdir()
     jobs = [(f, batch_script(f"echo task {n} in $PWD", {}, gpus=1)) for n, f in enumerate(folders)]
+    stem = str(tmp_path / "t-@a%j")  # a '%' in a job name: Slurm would expand %j
     line = array_submit_command(
         SlurmSettings(command_prefix=f"PATH={shlex.quote(str(bin_dir))}:$PATH"), shared_options(one),
-        name="sshs-t-@a", workdir=str(tmp_path), script_path=str(tmp_path / "t-@a.array"), jobs=jobs,
+        name="sshs-t-@a", workdir=str(tmp_path), stem=stem, jobs=jobs,
     )  # fmt: skip
+    # Slurm opens each task's output itself (what it says of the task lands there too)
+    assert f"--output={tmp_path}/t-@a%%j.%a.out" in line and "--open-mode=append" in line
     done = subprocess.run(["/bin/sh", "-c", line], capture_output=True, text=True, check=True)
     assert parse_submitted(done.stdout) == "77"
+    script = Path(stem + ".array").read_text()
+    assert task_outputs(script, stem) == [f"{stem}.{n}" for n in range(3)]
     for n, folder in enumerate(folders):  # task n of the array, as slurmd would run it
         env = {"SLURM_ARRAY_TASK_ID": str(n), "PATH": "/usr/bin:/bin"}
-        subprocess.run(["/bin/sh", str(tmp_path / "t-@a.array")], env=env, check=True)
-        assert Path(folder + ".out").read_text() == f"task {n} in {folder}\n"
+        with open(f"{stem}.{n}.out", "ab") as out:
+            subprocess.run(["/bin/sh", stem + ".array"], env=env, stdout=out, check=True)
+        assert Path(f"{stem}.{n}.out").read_text() == f"task {n} in {folder}\n"
+    # an array an older version submitted wrote each task's output next to its job's folder
+    older = script.replace('exec /bin/sh "$f.sh"', 'exec /bin/sh "$f.sh" >>"$f.out" 2>>"$f.err"')
+    assert task_outputs(older, stem) == folders
 
 
 async def test_a_slurm_command_that_hangs_is_killed_and_said(tmp_path: Path) -> None:

@@ -259,3 +259,27 @@ def test_the_agents_squeue_tells_how_jobs_ended_on_the_real_slurm(slurm: SlurmSi
         assert told.done and told.code == code, (wrap, entry)
         exit_code = site.job_field(ids[wrap], "ExitCode")
         assert told == S.status_of(entry.state, exit_code, entry.reason), (wrap, exit_code)
+
+
+def test_what_slurm_says_of_an_array_task_is_in_its_err(slurm: SlurmSite, tmp_path: Path) -> None:
+    # Two jobs placed together go as one array; Slurm opens each task's output itself, so its own
+    # words about a task (here: cancelled by someone else's scancel) reach that job's .err, as a
+    # single job's do.  The array's dispatch script once sent them to /dev/null.
+    (tmp_path / "jobs.sh").write_text("echo begun; sleep 120\n" * 2)
+    batch = LiveBatch(
+        tmp_path, "jobs.sh", "--machines", slurm_machine(slurm, tmp_path), "--no-gpu-required"
+    )
+    outs = [tmp_path / "job_results" / f"jobs.sh.{n}.out" for n in (1, 2)]
+    try:
+        wait_until(lambda: all(p.exists() and p.read_text() == "begun\n" for p in outs), "both running", timeout=60)
+        tasks = [j for j in slurm.slurm.jobs() if j["JobName"].endswith("-@jobs.sh.1") and j["JobState"] == "RUNNING"]
+        assert len(tasks) == 2, tasks  # one array
+        assert slurm.login.ssh("scancel " + " ".join(j["JobId"] for j in tasks)).returncode == 0
+        assert batch.finish(timeout=120) == 1, batch.text()
+    finally:
+        if batch.proc.poll() is None:
+            batch.kill()
+    for n in (1, 2):
+        err = (tmp_path / "job_results" / f"jobs.sh.{n}.err").read_text()
+        assert re.search(r"\*\*\* JOB \d+ ON \S+ CANCELLED AT \S+", err), err
+        assert f"failed: jobs.sh.{n}" in batch.text()

@@ -33,7 +33,7 @@ from ssh_scheduler.executors.base import OutputSink, RunRequest, shell_line
 from ssh_scheduler.executors.host import AgentExecutor, open_executor
 from ssh_scheduler.executors.job_events import JobExit
 from ssh_scheduler.executors.python_call import work_inputs
-from ssh_scheduler.executors.slurm_array import ARRAY_MARK, parse_array_script
+from ssh_scheduler.executors.slurm_array import ARRAY_MARK, parse_array_script, task_outputs
 from ssh_scheduler.executors.slurm_submit import Submitter
 from ssh_scheduler.executors.stage_plan import StagePlan
 from ssh_scheduler.jobs.needs import Needs
@@ -57,7 +57,7 @@ class _Tracked:
 
     name: str
     slurm_id: str
-    jobdir: str
+    output: str  # the path of its output before .out/.err (an array task's: slurm_array.py)
     on_output: OutputSink
     offsets: list[int]
     done: asyncio.Future[JobExit]
@@ -79,6 +79,7 @@ class SlurmExecutor(AgentExecutor):
         self.token = token
         self.submitted: dict[str, str] = {}  # job -> Slurm job id, of this batch
         self.found: dict[str, tuple[str, S.JobStatus]] = {}  # left by an earlier coordinator
+        self._found_outputs: dict[str, str] = {}  # where those of them in arrays have their output
         self._tracked: dict[str, _Tracked] = {}
         self._poller: asyncio.Task[None] | None = None
         self._failures = 0
@@ -138,8 +139,9 @@ class SlurmExecutor(AgentExecutor):
                 timeout=request.timeout,
             )
             script = S.batch_script(shell_line(request, self.machine.python), request.env, gpus=needs.gpus)
-            slurm_id, said, lost = await self._submitter.submit(job, jobdir, argv, script)
-            if lost:
+            submitted = await self._submitter.submit(job, jobdir, argv, script)
+            slurm_id, said = submitted.slurm_id, submitted.said
+            if submitted.lost:
                 return JobExit(None, host_lost=True, message=said)
             if slurm_id is None:
                 said = " ".join(said.split())[-400:]
@@ -149,7 +151,9 @@ class SlurmExecutor(AgentExecutor):
             self.submitted[job] = slurm_id
             self._on_running[job] = partial(request.on_started, slurm_id)
             log.info("submitted: %s is Slurm job %s on %s", job, slurm_id, self.name)
-            return await self._follow(job, slurm_id, jobdir, on_output, (0, 0), request.limits.max_output_bytes)
+            return await self._follow(
+                job, slurm_id, submitted.output, on_output, (0, 0), request.limits.max_output_bytes
+            )
         finally:  # a job that never started (lost, cancelled) has nothing to announce later
             self._on_running.pop(job, None)
 
@@ -157,20 +161,22 @@ class SlurmExecutor(AgentExecutor):
         """Follow a job an earlier coordinator submitted (found in squeue by its name)."""
         slurm_id, _status = self.found.pop(request.name)
         self.submitted[request.name] = slurm_id
-        return await self._follow(request.name, slurm_id, request.jobdir, on_output, offsets)
+        output = self._found_outputs.pop(request.name, request.jobdir)
+        return await self._follow(request.name, slurm_id, output, on_output, offsets)
 
     async def _follow(
         self,
         job: str,
         slurm_id: str,
-        jobdir: str,
+        output: str,
         on_output: OutputSink,
         offsets: tuple[int, int],
         max_output: int | None = None,
     ) -> JobExit:
+        """Follow the job to its end; ``output``: where Slurm writes its ``.out``/``.err``."""
         loop = asyncio.get_running_loop()
         tracked = _Tracked(
-            job, slurm_id, jobdir, on_output, list(offsets), loop.create_future(), room=max_output
+            job, slurm_id, output, on_output, list(offsets), loop.create_future(), room=max_output
         )
         self._tracked[job] = tracked
         self._start_poller()
@@ -239,7 +245,7 @@ class SlurmExecutor(AgentExecutor):
         (swept) is listed under its Slurm id."""
         reply = await self._query([], {})
         prefix = S.job_name(self.token, "")
-        folders: dict[str, list[str]] = {}  # array name -> job folders by task
+        arrays: dict[str, tuple[list[str], list[str]]] = {}  # name -> job folders, outputs by task
         found: dict[str, tuple[str, S.JobStatus]] = {}
         for entry in reply.queue.values():
             if not entry.name.startswith(prefix):
@@ -247,26 +253,27 @@ class SlurmExecutor(AgentExecutor):
             status = S.queue_status(entry)
             job = entry.name[len(prefix) :]
             if job.startswith(ARRAY_MARK):
-                if job not in folders:
-                    folders[job] = await self._array_folders(job)
+                if job not in arrays:
+                    arrays[job] = await self._array_tasks(job)
                 task = entry.job_id.rpartition("_")[2]
-                tasks = folders[job]
-                folder = tasks[int(task)] if task.isdigit() and int(task) < len(tasks) else ""
-                job = (
-                    os.path.basename(folder)[len(self.token) + 1 :]
-                    if folder
-                    else f"{ARRAY_MARK}{entry.job_id}"
-                )
+                folders, outputs = arrays[job]
+                at = int(task) if task.isdigit() and int(task) < len(folders) else None
+                if at is None:
+                    job = f"{ARRAY_MARK}{entry.job_id}"
+                else:
+                    job = os.path.basename(folders[at])[len(self.token) + 1 :]
+                    self._found_outputs[job] = outputs[at]
             found[job] = (entry.job_id, status)
         return found
 
-    async def _array_folders(self, array: str) -> list[str]:
-        path = self.jobdir(self.token, array) + ".array"
+    async def _array_tasks(self, array: str) -> tuple[list[str], list[str]]:
+        """The job folders of the array's tasks and where each has its output, by task."""
+        stem = self.jobdir(self.token, array)
         with contextlib.suppress(TransportError):
-            text, rc, _ = await self.session.probe(f"cat {shlex.quote(path)} 2>/dev/null")
+            text, rc, _ = await self.session.probe(f"cat {shlex.quote(stem + '.array')} 2>/dev/null")
             if rc == 0:
-                return parse_array_script(text)
-        return []
+                return parse_array_script(text), task_outputs(text, stem)
+        return [], []
 
     async def _query(self, ids: list[str], outputs: dict[str, tuple[str, int, int]]) -> S.PollReply:
         """One request to the login node's agent, however many jobs: nothing of it travels
@@ -310,7 +317,7 @@ class SlurmExecutor(AgentExecutor):
 
     async def _poll_once(self) -> None:
         jobs = list(self._tracked.values())
-        outputs = {t.name: (t.jobdir, t.offsets[0], t.offsets[1]) for t in jobs}
+        outputs = {t.name: (t.output, t.offsets[0], t.offsets[1]) for t in jobs}
         reply = await self._query([t.slurm_id for t in jobs if t.ended is None], outputs)
         for t in jobs:
             full = t.name in reply.more  # its output is not all home yet

@@ -4,7 +4,10 @@ would do by hand), each task running its own job's script in its own folder.
 
 The array is named ``sshs-<token>-@<first job>`` and its dispatch script, kept next to the job
 folders as ``<token>-@<first job>.array``, lists task -> job folder: a rerun of the batch reads it
-to know which task is which job (:func:`parse_array_script`).
+to know which task is which job (:func:`parse_array_script`).  Slurm itself writes task i's
+output to ``<token>-@<first job>.<i>.out`` and ``.err`` (:func:`task_outputs`), as it writes a
+single job's to ``<folder>.out``: what Slurm says of a task (``*** JOB 12 CANCELLED ***``, an
+``execve`` that failed) lands there, where the job's own output is.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import re
 import shlex
 from collections.abc import Sequence
 
-from ssh_scheduler.executors.slurm_jobs import prefixed
+from ssh_scheduler.executors.slurm_jobs import prefixed, slurm_path
 from ssh_scheduler.machines.slurm import SlurmSettings
 
 __all__ = [
@@ -23,6 +26,8 @@ __all__ = [
     "array_submit_command",
     "parse_array_script",
     "shared_options",
+    "task_output",
+    "task_outputs",
 ]
 
 ARRAY_MARK = "@"
@@ -33,6 +38,7 @@ we build may pass 64 KiB (Linux refuses one over 128 KiB); an array past it is c
 
 _PER_JOB = ("--job-name=", "--chdir=", "--output=", "--error=", "--open-mode=")
 _TASK_RE = re.compile(r"^(\d+)\) f=(.*);;$")
+_OWN_REDIRECT = '>>"$f.out"'  # how an older dispatch script sent each task's output
 
 
 def shared_options(argv: Sequence[str]) -> tuple[str, ...]:
@@ -42,8 +48,8 @@ def shared_options(argv: Sequence[str]) -> tuple[str, ...]:
 
 
 def array_script(jobdirs: Sequence[str]) -> str:
-    """The array's batch script: task i runs ``<folder i>.sh`` in folder i, its output appended
-    to ``<folder i>.out``/``.err`` (where a single job's would be)."""
+    """The array's batch script: task i runs ``<folder i>.sh`` in folder i (its output goes
+    where Slurm opened it: :func:`task_outputs`)."""
     lines = [
         "#!/bin/sh",
         "# an ssh_scheduler job array: task i runs the job of folder i",
@@ -54,9 +60,25 @@ def array_script(jobdirs: Sequence[str]) -> str:
         '*) echo "ssh_scheduler: no job for array task $SLURM_ARRAY_TASK_ID" >&2; exit 1;;',
         "esac",
         'cd "$f" || exit 1',
-        'exec /bin/sh "$f.sh" >>"$f.out" 2>>"$f.err"',
+        'exec /bin/sh "$f.sh"',
     ]
     return "\n".join(lines) + "\n"
+
+
+def task_outputs(script: str, stem: str) -> list[str]:
+    """Where each task of the array whose dispatch script is ``script`` has its output (the
+    path before ``.out``/``.err``): ``<stem>.<i>``, ``stem`` being the script's path without
+    ``.array``.  An array an older version submitted appended its output to each job's folder
+    path from the script itself: a rerun that follows it reads it there."""
+    folders = parse_array_script(script)
+    if _OWN_REDIRECT in script:
+        return folders
+    return [task_output(stem, i) for i in range(len(folders))]
+
+
+def task_output(stem: str, task: int) -> str:
+    """Where task ``task`` of the array of ``stem`` has its output: sbatch's ``%a`` below."""
+    return f"{stem}.{task}"
 
 
 def parse_array_script(text: str) -> list[str]:
@@ -77,11 +99,14 @@ def array_submit_command(
     *,
     name: str,
     workdir: str,
-    script_path: str,
+    stem: str,
     jobs: Sequence[tuple[str, str]],
 ) -> str:
     """One shell line: write each job's script (``jobs``: folder, script) and the dispatch
-    script, then ``sbatch --array`` it; stderr joins stdout so a refusal reaches the user."""
+    script (``<stem>.array``), then ``sbatch --array`` it; stderr joins stdout so a refusal
+    reaches the user.  Slurm opens each task's output (:func:`task_outputs`) in append mode:
+    a task it requeues continues the same files, as a single job does."""
+    script_path = f"{stem}.array"
     steps = [
         f"printf '%s' {shlex.quote(script)} > {shlex.quote(folder + '.sh')}"
         for folder, script in jobs
@@ -91,6 +116,7 @@ def array_submit_command(
     )
     argv = [
         "sbatch", "--parsable", f"--job-name={name}", f"--chdir={workdir}",
-        "--output=/dev/null", "--error=/dev/null", f"--array=0-{len(jobs) - 1}", *options, script_path,
+        f"--output={slurm_path(stem)}.%a.out", f"--error={slurm_path(stem)}.%a.err", "--open-mode=append",
+        f"--array=0-{len(jobs) - 1}", *options, script_path,
     ]  # fmt: skip
     return prefixed(settings, " && ".join(steps) + f" && {shlex.join(argv)} 2>&1")

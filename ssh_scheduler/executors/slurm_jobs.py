@@ -40,6 +40,7 @@ __all__ = [
     "queue_status",
     "sbatch_argv",
     "scancel_commands",
+    "slurm_path",
     "status_of",
     "status_query",
     "submit_command",
@@ -86,6 +87,13 @@ def job_name(token: str, job: str) -> str:
     return f"sshs-{token}-{job}"
 
 
+def slurm_path(path: str) -> str:
+    """``path`` as sbatch's ``--output``/``--error`` take it: Slurm expands ``%j``, ``%a``, ``%x``
+    and the like in them (a job named ``run%j`` would write elsewhere), and reads ``%%`` as ``%``
+    (checked on the real Slurm).  Job names hold no backslash, which would turn expansion off."""
+    return path.replace("%", "%%")
+
+
 def sbatch_argv(
     settings: SlurmSettings, *, name: str, jobdir: str, needs: Needs, timeout: float | None
 ) -> list[str]:
@@ -94,7 +102,7 @@ def sbatch_argv(
         "sbatch", "--parsable", f"--job-name={name}", f"--chdir={jobdir}",
         # append: a job Slurm requeues (its node died) continues the same files, which we keep
         # streaming from where we were
-        f"--output={jobdir}.out", f"--error={jobdir}.err", "--open-mode=append",
+        f"--output={slurm_path(jobdir)}.out", f"--error={slurm_path(jobdir)}.err", "--open-mode=append",
     ]  # fmt: skip
     for option, setting in (
         ("partition", settings.partition),

@@ -19,11 +19,12 @@ from ssh_scheduler.executors.slurm_array import (
     MAX_COMMAND,
     array_submit_command,
     shared_options,
+    task_output,
 )
 from ssh_scheduler.machines.slurm import SlurmSettings
 from ssh_scheduler.transport.base import stopped
 
-__all__ = ["Submitter"]
+__all__ = ["Submitted", "Submitter"]
 
 log = logging.getLogger(__name__)
 
@@ -31,15 +32,25 @@ SUBMIT_WINDOW = 0.05
 """Seconds the first job to submit waits for others: jobs placed together share one sbatch."""
 
 
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    """What became of a job given to :meth:`Submitter.submit`."""
+
+    slurm_id: str | None  # ``A_i`` for task i of array A; None: sbatch refused it, or ``lost``
+    said: str  # what sbatch said of a refusal
+    lost: bool  # the login node was lost
+    output: str = ""  # where Slurm writes its output (the path before ``.out``/``.err``)
+
+
 @dataclass(slots=True)
 class _Submission:
-    """A job waiting to be submitted; ``done`` gets (Slurm id or None, what sbatch said, lost)."""
+    """A job waiting to be submitted; ``done`` gets what became of it."""
 
     job: str
     jobdir: str
     argv: list[str]
     script: str
-    done: asyncio.Future[tuple[str | None, str, bool]]
+    done: asyncio.Future[Submitted]
     abandoned: bool = False  # its run was cancelled
 
 
@@ -77,11 +88,9 @@ class Submitter:
         if self._task is not None:
             await stopped(self._task)
 
-    async def submit(
-        self, job: str, jobdir: str, argv: list[str], script: str
-    ) -> tuple[str | None, str, bool]:
-        """The job's Slurm id (``A_i`` for an array task) or None, what sbatch said, and whether
-        the login node was lost.  A cancelled caller's job is scancelled once submitted."""
+    async def submit(self, job: str, jobdir: str, argv: list[str], script: str) -> Submitted:
+        """Submit the job (with others placed with it); a cancelled caller's job is scancelled
+        once submitted."""
         loop = asyncio.get_running_loop()
         submission = _Submission(job, jobdir, argv, script, loop.create_future())
         self._submissions.append(submission)
@@ -91,9 +100,9 @@ class Submitter:
             return await asyncio.shield(submission.done)
         except asyncio.CancelledError:
             submission.abandoned = True
-            if submission.done.done() and submission.done.result()[0] is not None:
+            if submission.done.done() and (slurm_id := submission.done.result().slurm_id) is not None:
                 with contextlib.suppress(Exception):
-                    await asyncio.shield(self._cancel([str(submission.done.result()[0])]))
+                    await asyncio.shield(self._cancel([slurm_id]))
             raise
 
     async def _submit_soon(self) -> None:
@@ -112,38 +121,42 @@ class Submitter:
                         log.exception("%s: submitting to Slurm failed", self.name)
                         for waiting in chunk:
                             if not waiting.done.done():
-                                waiting.done.set_result((None, f"submitting failed: {exc}", False))
+                                waiting.done.set_result(Submitted(None, f"submitting failed: {exc}", False))
 
     def _command(self, options: tuple[str, ...], chunk: list[_Submission]) -> str:
         """The shell line that submits these jobs: one sbatch, or one array of them."""
         first = chunk[0]
         if len(chunk) == 1:
             return S.submit_command(self.settings, first.argv, first.script)
-        stem = os.path.join(os.path.dirname(first.jobdir), f"{self.token}-{ARRAY_MARK}{first.job}")
         return array_submit_command(
             self.settings, options, name=S.job_name(self.token, ARRAY_MARK + first.job),
-            workdir=os.path.dirname(first.jobdir), script_path=f"{stem}.array",
+            workdir=os.path.dirname(first.jobdir), stem=self._stem(chunk),
             jobs=[(s.jobdir, s.script) for s in chunk],
         )  # fmt: skip
+
+    def _stem(self, chunk: list[_Submission]) -> str:
+        """An array's files' path before ``.array`` (its tasks' outputs: ``task_outputs``)."""
+        first = chunk[0]
+        return os.path.join(os.path.dirname(first.jobdir), f"{self.token}-{ARRAY_MARK}{first.job}")
 
     async def _submit_chunk(self, command: str, chunk: list[_Submission]) -> None:
         try:
             out, rc = await self._run(command)
         except TransportError as exc:
             for s in chunk:
-                s.done.set_result((None, str(exc), True))
+                s.done.set_result(Submitted(None, str(exc), True))
             return
         slurm_id = S.parse_submitted(out) if rc == 0 else None
         said = out if slurm_id is None else ""
         if slurm_id is not None and len(chunk) > 1:
             log.info("submitted: %d jobs as Slurm array %s on %s", len(chunk), slurm_id, self.name)
-        ids = (
-            [slurm_id]
-            if len(chunk) == 1
-            else [f"{slurm_id}_{i}" if slurm_id else None for i in range(len(chunk))]
-        )
-        for s, job_id in zip(chunk, ids, strict=True):
-            s.done.set_result((job_id, said or f"exit status {rc}", False))
+        if len(chunk) == 1:
+            ids, outputs = [slurm_id], [chunk[0].jobdir]
+        else:
+            ids = [f"{slurm_id}_{i}" if slurm_id else None for i in range(len(chunk))]
+            outputs = [task_output(self._stem(chunk), i) for i in range(len(chunk))]
+        for s, job_id, output in zip(chunk, ids, outputs, strict=True):
+            s.done.set_result(Submitted(job_id, said or f"exit status {rc}", False, output))
         gone = [
             job_id
             for s, job_id in zip(chunk, ids, strict=True)
