@@ -91,7 +91,7 @@ async def test_ten_thousand_jobs_on_a_slurm_machine_put_no_argument_past_64_kib(
             )
             for job in jobs
         ))  # fmt: skip
-        ids = [slurm_id for slurm_id, _said, _lost in submitted]
+        ids = [s.slurm_id for s in submitted]
         assert all(ids), submitted[:3]
         # ended, without the wait status squeue tells (as an older squeue would): so scontrol
         # and sacct are asked of every one, their ids batched
