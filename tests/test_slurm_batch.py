@@ -283,3 +283,17 @@ def test_what_slurm_says_of_an_array_task_is_in_its_err(slurm: SlurmSite, tmp_pa
         err = (tmp_path / "job_results" / f"jobs.sh.{n}.err").read_text()
         assert re.search(r"\*\*\* JOB \d+ ON \S+ CANCELLED AT \S+", err), err
         assert f"failed: jobs.sh.{n}" in batch.text()
+
+
+def test_a_percent_in_a_job_name_is_no_pattern_to_slurm(slurm: SlurmSite, tmp_path: Path) -> None:
+    # sbatch expands %j, %x, %a... in --output/--error: a job named r%j.sh.1 would have had its
+    # output written to r<Slurm id>.sh.1.out, where nobody reads it.  One job (one sbatch), then
+    # two (one array, its files named after the first job).
+    for folder, batch, lines in (("one", "r%j.sh", ["one"]), ("two", "a%x.sh", ["two", "three"])):
+        cwd = tmp_path / folder
+        cwd.mkdir()
+        (cwd / batch).write_text("".join(f"echo {word}\n" for word in lines))
+        result = run_batch(cwd, batch, "--machines", slurm_machine(slurm, cwd), "--no-gpu-required")
+        assert result.returncode == 0, result.stdout + result.stderr
+        for n, word in enumerate(lines, 1):
+            assert (cwd / "job_results" / f"{batch}.{n}.out").read_text() == f"{word}\n"

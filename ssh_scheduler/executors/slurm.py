@@ -84,7 +84,7 @@ class SlurmExecutor(AgentExecutor):
         self._poller: asyncio.Task[None] | None = None
         self._failures = 0
         self._answered = False  # squeue ran once on the login node
-        self._submitter = Submitter(self.name, settings, token, self._command, self._scancel)
+        self._submitter = Submitter(self.name, settings, token, self._command, self._scancel, self.jobdir)
         self._on_running: dict[str, Callable[[], None]] = {}
         """Each submitted job's started hook (its request's, with its Slurm id), called once when
         Slurm first runs the job (or it ended unseen between two queries)."""

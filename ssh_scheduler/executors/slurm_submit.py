@@ -69,7 +69,8 @@ def _chunks(
 
 class Submitter:
     """Collects jobs to submit for :data:`SUBMIT_WINDOW`, then submits them in groups.
-    ``run`` runs a shell line on the login node (output, status); ``cancel`` scancels ids."""
+    ``run`` runs a shell line on the login node (output, status); ``cancel`` scancels ids;
+    ``jobdir`` is the executor's (token, job) -> the job's folder path there."""
 
     def __init__(
         self,
@@ -78,9 +79,10 @@ class Submitter:
         token: str,
         run: Callable[[str], Awaitable[tuple[str, int]]],
         cancel: Callable[[list[str]], Awaitable[None]],
+        jobdir: Callable[[str, str], str],
     ) -> None:
         self.name, self.settings, self.token = name, settings, token
-        self._run, self._cancel = run, cancel
+        self._run, self._cancel, self._jobdir = run, cancel, jobdir
         self._submissions: list[_Submission] = []
         self._task: asyncio.Task[None] | None = None
 
@@ -135,9 +137,9 @@ class Submitter:
         )  # fmt: skip
 
     def _stem(self, chunk: list[_Submission]) -> str:
-        """An array's files' path before ``.array`` (its tasks' outputs: ``task_outputs``)."""
-        first = chunk[0]
-        return os.path.join(os.path.dirname(first.jobdir), f"{self.token}-{ARRAY_MARK}{first.job}")
+        """An array's files' path before ``.array`` (its tasks' outputs: ``task_outputs``): the
+        folder path of a job named ``@<first job>``, where a rerun looks for it too."""
+        return self._jobdir(self.token, ARRAY_MARK + chunk[0].job)
 
     async def _submit_chunk(self, command: str, chunk: list[_Submission]) -> None:
         try:
