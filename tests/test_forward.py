@@ -4,6 +4,8 @@ the paths a ``--commands`` line may copy (pure: plain folders, no SSH)."""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -269,3 +271,92 @@ def test_the_file_this_command_writes_its_output_to_stays_home(tmp_path: Path) -
 
     found = collect_forward(["."], tmp_path, Hasher())  # stdout elsewhere again: it goes
     assert "log.txt" in {f.rel for f in found.files}
+
+
+def test_a_file_that_vanishes_while_the_folder_is_read_is_not_sent(tmp_path: Path) -> None:
+    """Another program's temporary file (an agent on this machine writing its record, an editor's
+    swap file) can go between the listing and the look at it: the walk leaves it out instead of
+    failing the batch with a traceback (CI: FileNotFoundError from os.lstat of a
+    ``cache-trusted.json.<pid>`` in a home copied forward)."""
+    _tree(tmp_path, {"a.txt": b"a", "b.tmp": b"b", "c.tmp": b"c", "d.txt": b"d"})
+
+    class Racing(Hasher):
+        def inspect(self, path: Path, st: os.stat_result) -> tuple[str, bool]:
+            if path.name == "a.txt":  # gone after the listing, before its lstat
+                (tmp_path / "b.tmp").unlink()
+            if path.name == "c.tmp":  # gone after its lstat, before it is read
+                path.unlink()
+            return super().inspect(path, st)
+
+    found = collect_forward(["."], tmp_path, Racing())
+    assert sorted(f.rel for f in found.files) == ["a.txt", "d.txt"]
+
+
+def test_an_agents_work_root_in_the_folder_is_not_sent(tmp_path: Path) -> None:
+    """A home copied forward holds ``~/.ssh_scheduler``, where an agent on this machine keeps its
+    cache and job folders: never sent (it changes while it is walked, and would be sent into
+    itself)."""
+    _tree(tmp_path, {".ssh_scheduler/cache-trusted.json": b"{}", ".ssh_scheduler/cache/x": b"x", "a.txt": b"a"})
+    assert _sent(tmp_path) == {"a.txt"}
+
+
+def _walked_by_a_stranger(base: Path, paths: tuple[str, ...]) -> str:
+    """What collect_forward says for a user who may not read what is closed to others: as root
+    (CI), a forked child that became uid 65534 walks; as anyone else, the walk is ours."""
+
+    def walk() -> str:
+        try:
+            return " ".join(sorted(f.rel for f in collect_forward(paths, base, Hasher()).files))
+        except TransferError as exc:
+            return f"refused: {exc}"
+        except Exception as exc:  # what a user would have seen as a traceback
+            return f"crashed: {exc!r}"
+
+    if os.geteuid() != 0:
+        return walk()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never back into pytest
+        try:
+            os.close(read_end)
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            os.write(write_end, walk().encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as got:
+        said = got.read().decode()
+    os.waitpid(pid, 0)
+    return said
+
+
+def test_what_cannot_be_read_is_refused_in_one_line_not_sent_without() -> None:
+    """A file or folder this user may not read (a colleague's, root's) in the folder copied
+    forward: one line naming it and the fix, never a traceback (PermissionError from the hash)
+    and never the rest sent without it (os.walk skips a folder it cannot list, so the job
+    would find it empty)."""
+    base = Path(tempfile.mkdtemp(dir="/tmp"))  # pytest's folders are closed to other users
+    closed = 0o700 if os.geteuid() == 0 else 0o000  # root's walk is a stranger's (see above)
+    try:
+        _tree(base, {"a.txt": b"a", "closed/x": b"x", "secret.dat": b"s"})
+        os.chmod(base, 0o755)
+        os.chmod(base / "a.txt", 0o644)
+        os.chmod(base / "closed", closed)
+        os.chmod(base / "secret.dat", closed & 0o600)
+        fix = "fix: make it readable, or leave it out with a line in .sshschedulerignore"
+        assert _walked_by_a_stranger(base, (".",)) in (
+            f"refused: --copy-forwards: cannot read closed (Permission denied); {fix}",
+            f"refused: --copy-forwards: cannot read secret.dat (Permission denied); {fix}",
+        )
+        assert _walked_by_a_stranger(base, ("closed",)) == (
+            f"refused: --copy-forwards: cannot read closed (Permission denied); {fix}"
+        )
+        assert _walked_by_a_stranger(base, ("a.txt",)) == "a.txt"
+        (base / ".sshschedulerignore").write_text("closed/\nsecret.dat\n")
+        os.chmod(base / ".sshschedulerignore", 0o644)
+        assert _walked_by_a_stranger(base, (".",)) == ".sshschedulerignore a.txt"
+    finally:
+        os.chmod(base / "closed", 0o700)
+        shutil.rmtree(base)

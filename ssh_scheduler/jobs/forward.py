@@ -26,7 +26,7 @@ import logging
 import os
 import posixpath
 import stat
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -57,9 +57,11 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# Never worth sending: results, VCS data, virtualenvs (paths are host-specific) and caches.
+# Never worth sending: results, VCS data, virtualenvs (paths are host-specific), caches, and an
+# agent's work root (a home copied forward holds one; it changes while it is walked).
 DEFAULT_EXCLUDES = frozenset(
     {"job_results", ".git", ".venv", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
+    | {".ssh_scheduler"}
 )
 IGNORE_FILE = ".sshschedulerignore"
 DEFAULT_MAX_BYTES = 1 << 30
@@ -251,7 +253,7 @@ class _Walk:
         if not top.is_dir():
             yield top, top_rel
             return
-        for dirpath, dirnames, filenames in os.walk(top):
+        for dirpath, dirnames, filenames in os.walk(top, onerror=_unreadable_folder(top, top_rel)):
             here = Path(dirpath)
             rel_dir = here.relative_to(top).as_posix()
             prefix = posixpath.normpath(f"{top_rel}/{rel_dir}")
@@ -270,6 +272,28 @@ class _Walk:
             for name in sorted(filenames):
                 if self.keep(rel_of(name), is_dir=False):
                     yield here / name, rel_of(name)
+
+
+def _unreadable(rel: str, exc: OSError) -> TransferError:
+    return TransferError(
+        f"--copy-forwards: cannot read {plain_text(rel)} ({exc.strerror or exc}); fix: make it "
+        f"readable, or leave it out with a line in {IGNORE_FILE}"
+    )
+
+
+def _unreadable_folder(top: Path, top_rel: str) -> Callable[[OSError], None]:
+    """os.walk's error hook: a folder that cannot be listed would be sent empty (a job missing
+    inputs, said nowhere); one that vanished has nothing to send."""
+
+    def refuse(exc: OSError) -> None:
+        if isinstance(exc, FileNotFoundError):
+            return
+        where = Path(exc.filename or top)
+        inside = where.is_relative_to(top)
+        rel = posixpath.normpath(f"{top_rel}/{where.relative_to(top).as_posix()}") if inside else str(where)
+        raise _unreadable(rel, exc)
+
+    return refuse
 
 
 def collect_forward(
@@ -307,7 +331,13 @@ def collect_forward(
         if hasher.lasting is not None:
             hasher.lasting.preload(str(top))
         for local, rel in walk.entries(top, top_rel):
-            st = os.lstat(local)
+            try:
+                st = os.lstat(local)
+            except FileNotFoundError:
+                # The folder is live (another program's temporary file): what is gone between
+                # the listing and this look is not there to send.
+                log.info("copy forward: %s vanished while the folder was read; not sent", rel)
+                continue
             if stat.S_ISLNK(st.st_mode):
                 # A file linked under an innocent name to a secret place is still a secret.
                 if walk.withhold(rel, secret_reason(os.path.realpath(local).lstrip("/"), False)):
@@ -324,7 +354,13 @@ def collect_forward(
             if (st.st_dev, st.st_ino) in own_output:
                 log.info("copy forward: leaving out %s: this command's own output goes there", rel)
                 continue
-            digest, is_key = hasher.inspect(local, st)
+            try:
+                digest, is_key = hasher.inspect(local, st)
+            except FileNotFoundError:
+                log.info("copy forward: %s vanished while the folder was read; not sent", rel)
+                continue
+            except OSError as exc:  # unreadable: sending the rest would be a silent other input
+                raise _unreadable(rel, exc) from None
             if walk.withhold(rel, "holds a private key" if is_key else None):
                 continue
             executable = "x" if st.st_mode & 0o111 else "r"
