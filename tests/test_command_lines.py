@@ -87,7 +87,7 @@ async def test_ten_thousand_jobs_on_a_slurm_machine_put_no_argument_past_64_kib(
             executor._submitter.submit(
                 job, folders[job],
                 sbatch_argv(settings, name=job_name(TOKEN, job), jobdir=folders[job], needs=Needs(), timeout=None),
-                batch_script("true", {"SSH_SCHEDULER_JOB": job}, gpus=0),
+                batch_script("true", {"SSH_SCHEDULER_JOB": job}, gpus=0, jobdir=folders[job]),
             )
             for job in jobs
         ))  # fmt: skip

@@ -82,10 +82,10 @@ def test_sbatch_asks_for_the_jobs_needs_and_carries_the_batch_token() -> None:
 
 def test_the_batch_script_leaves_cuda_visible_devices_to_slurm_for_gpu_jobs() -> None:
     env = {"SSH_SCHEDULER_JOB": "j 1", "CUDA_VISIBLE_DEVICES": "4,5", "X": "it's"}
-    gpu = batch_script("echo $X", env, gpus=1)
+    gpu = batch_script("echo $X", env, gpus=1, jobdir="/w/jobs/t-j 1")
     assert "CUDA_VISIBLE_DEVICES" not in gpu
     assert "export SSH_SCHEDULER_JOB='j 1'" in gpu and "bash --norc -c 'echo $X'" in gpu
-    cpu = batch_script("true", {"CUDA_VISIBLE_DEVICES": ""}, gpus=0)
+    cpu = batch_script("true", {"CUDA_VISIBLE_DEVICES": ""}, gpus=0, jobdir="/w/jobs/t-j")
     assert "export CUDA_VISIBLE_DEVICES=''" in cpu  # a job without GPUs sees none
     # the submit line hands the script to sbatch on stdin, and it arrives intact
     line = submit_command(SlurmSettings(command_prefix="true"), ["cat"], gpu)
@@ -396,7 +396,7 @@ def test_an_array_runs_each_task_in_its_own_jobs_folder(tmp_path: Path) -> None:
     (bin_dir / "sbatch").chmod(0o755)
     for folder in folders:
         Path(folder).mkdir()
-    jobs = [(f, batch_script(f"echo task {n} in $PWD", {}, gpus=1)) for n, f in enumerate(folders)]
+    jobs = [(f, batch_script(f"echo task {n} in $PWD", {}, gpus=1, jobdir=f)) for n, f in enumerate(folders)]
     stem = str(tmp_path / "t-@a%j")  # a '%' in a job name: Slurm would expand %j
     line = array_submit_command(
         SlurmSettings(command_prefix=f"PATH={shlex.quote(str(bin_dir))}:$PATH"), shared_options(one),
@@ -413,6 +413,7 @@ def test_an_array_runs_each_task_in_its_own_jobs_folder(tmp_path: Path) -> None:
         with open(f"{stem}.{n}.out", "ab") as out:
             subprocess.run(["/bin/sh", stem + ".array"], env=env, stdout=out, check=True)
         assert Path(f"{stem}.{n}.out").read_text() == f"task {n} in {folder}\n"
+        assert Path(f"{folder}.began").exists()  # its script began: it is never sent again
     # an array an older version submitted wrote each task's output next to its job's folder
     older = script.replace('exec /bin/sh "$f.sh"', 'exec /bin/sh "$f.sh" >>"$f.out" 2>>"$f.err"')
     assert task_outputs(older, stem) == folders
@@ -427,3 +428,19 @@ async def test_a_slurm_command_that_hangs_is_killed_and_said(tmp_path: Path) -> 
     assert agent.children == set() and agent.spawning == 0
     assert await agent.run_command(["/nonexistent/squeue"]) == (
         127, "/nonexistent/squeue: [Errno 2] No such file or directory: '/nonexistent/squeue'")
+
+
+def test_a_batch_script_marks_that_it_began_before_anything_runs(tmp_path: Path) -> None:
+    """The mark (``<folder>.began``) is made before the job's command: a job Slurm ends without
+    it never ran, and only such a job is sent again.  One whose mark cannot be made does not run
+    its command at all (sent again, it would have run twice)."""
+    folder = tmp_path / "t-j"
+    folder.mkdir()
+    script = tmp_path / "t-j.sh"
+    script.write_text(batch_script(f"echo ran > {tmp_path}/ran", {}, gpus=0, jobdir=str(folder)))
+    subprocess.run(["/bin/sh", str(script)], cwd=folder, check=True)
+    assert (tmp_path / "t-j.began").exists() and (tmp_path / "ran").read_text() == "ran\n"
+    (tmp_path / "t-k.began").mkdir()  # where its mark should go: it cannot be made
+    script.write_text(batch_script(f"echo ran > {tmp_path}/ran2", {}, gpus=0, jobdir=str(tmp_path / "t-k")))
+    done = subprocess.run(["/bin/sh", str(script)], cwd=folder, capture_output=True, text=True, check=False)
+    assert done.returncode == 1 and not (tmp_path / "ran2").exists(), done

@@ -297,3 +297,64 @@ def test_a_percent_in_a_job_name_is_no_pattern_to_slurm(slurm: SlurmSite, tmp_pa
         assert result.returncode == 0, result.stdout + result.stderr
         for n, word in enumerate(lines, 1):
             assert (cwd / "job_results" / f"{batch}.{n}.out").read_text() == f"{word}\n"
+
+
+def tries_of(slurm: SlurmSite, cwd: Path, job: str = "jobs.sh.1") -> list[dict[str, str]]:
+    """Slurm's record of each submission of this batch's job (none before the batch began)."""
+    token = batch_token(cwd / "job_results")
+    rows = [j for j in slurm.slurm.jobs() if token and j["JobName"] == f"sshs-{token}-{job}"]
+    return sorted(rows, key=lambda j: int(j["JobId"]))
+
+
+def test_a_job_slurm_fails_before_its_script_began_is_sent_again(slurm: SlurmSite, tmp_path: Path) -> None:
+    """A job Slurm fails before its batch script begins never ran its command (slurmd can lose
+    a starting job's script to a race of its own, and the job fails with execve's ENOENT): it is
+    sent again, and Slurm's words about the failed try stay in its .err.  Made to happen here by
+    sbatch's ``--input`` naming a file per Slurm job id that exists only for jobs submitted after
+    the first: slurmstepd cannot open the first job's stdin and fails it before its script."""
+    gates = shared_dir(slurm)
+    (tmp_path / "jobs.sh").write_text("echo ran\n")
+    machine = slurm_machine(slurm, tmp_path, sbatch_args=[f"--input={gates}/in-%j"])
+    batch = LiveBatch(tmp_path, "jobs.sh", "--machines", machine, "--no-gpu-required")
+    try:
+        wait_until(lambda: tries_of(slurm, tmp_path), "the first try is in Slurm")
+        first = int(tries_of(slurm, tmp_path)[0]["JobId"])
+        later = " ".join(f"{gates}/in-{n}" for n in range(first + 1, first + 200))
+        assert slurm.login.ssh(f"touch {later}").returncode == 0
+        assert batch.finish(timeout=120) == 0, batch.text()
+    finally:
+        if batch.proc.poll() is None:
+            batch.kill()
+    assert (tmp_path / "job_results" / "jobs.sh.1.out").read_text() == "ran\n"
+    err = (tmp_path / "job_results" / "jobs.sh.1.err").read_text()
+    assert f"ssh_scheduler: Slurm ended job {first} (FAILED, exit " in err, err
+    assert "submitting it again" in err
+    tries = tries_of(slurm, tmp_path)
+    assert int(tries[0]["JobId"]) == first and len(tries) >= 2, tries
+    assert [j["JobState"] for j in tries] == ["FAILED"] * (len(tries) - 1) + ["COMPLETED"], tries
+
+
+def test_a_job_that_ran_and_failed_is_not_sent_again(slurm: SlurmSite, tmp_path: Path) -> None:
+    """Its script began (its mark is there): exit 2 is its own answer, told once."""
+    result, row = one_cpu_job(slurm, tmp_path, "echo once; exit 2")
+    assert result.returncode == 1 and "(exit 2 on" in result.stdout, result.stdout + result.stderr
+    assert row["JobState"] == "FAILED"
+    assert (tmp_path / "job_results" / "jobs.sh.1.out").read_text() == "once\n"
+    assert "submitting it again" not in (tmp_path / "job_results" / "jobs.sh.1.err").read_text()
+
+
+def test_a_job_cancelled_before_it_began_is_not_sent_again(slurm: SlurmSite, tmp_path: Path) -> None:
+    """Someone's scancel of a job still waiting: it never began, yet it ended as asked, so it is
+    told as cancelled, not sent again (only a job Slurm FAILED before its script is)."""
+    (tmp_path / "jobs.sh").write_text("echo ran\n")
+    machine = slurm_machine(slurm, tmp_path, sbatch_args=["--begin=now+600"])
+    batch = LiveBatch(tmp_path, "jobs.sh", "--machines", machine, "--no-gpu-required")
+    try:
+        wait_until(lambda: tries_of(slurm, tmp_path), "submitted")
+        assert slurm.login.ssh(f"scancel {tries_of(slurm, tmp_path)[0]['JobId']}").returncode == 0
+        assert batch.finish(timeout=120) == 1, batch.text()
+    finally:
+        if batch.proc.poll() is None:
+            batch.kill()
+    assert "failed: jobs.sh.1" in batch.text()
+    assert [j["JobState"] for j in tries_of(slurm, tmp_path)] == ["CANCELLED"]

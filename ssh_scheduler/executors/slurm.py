@@ -46,6 +46,8 @@ __all__ = ["SlurmExecutor", "open_slurm_executor"]
 
 log = logging.getLogger(__name__)
 
+START_TRIES = 3
+"""Submissions of a job Slurm keeps failing before its script begins (see _never_began)."""
 QUERY_FAILURES_TOLERATED = 5
 """Status queries in a row that may fail (slurmctld restarting, a timeout) before the jobs are
 given up as lost."""
@@ -138,31 +140,59 @@ class SlurmExecutor(AgentExecutor):
                 needs=needs,
                 timeout=request.timeout,
             )
-            script = S.batch_script(shell_line(request, self.machine.python), request.env, gpus=needs.gpus)
-            submitted = await self._submitter.submit(job, jobdir, argv, script)
-            slurm_id, said = submitted.slurm_id, submitted.said
-            if submitted.lost:
-                return JobExit(None, host_lost=True, message=said)
-            if slurm_id is None:
-                said = " ".join(said.split())[-400:]
-                on_output(2, f"ssh_scheduler: sbatch refused it: {said}\n".encode())
-                request.on_started("")
-                return JobExit(1, message=f"sbatch refused it: {said}")
-            self.submitted[job] = slurm_id
-            self._on_running[job] = partial(request.on_started, slurm_id)
-            log.info("submitted: %s is Slurm job %s on %s", job, slurm_id, self.name)
-            return await self._follow(
-                job, slurm_id, submitted.output, on_output, (0, 0), request.limits.max_output_bytes
+            script = S.batch_script(
+                shell_line(request, self.machine.python), request.env, gpus=needs.gpus, jobdir=jobdir
             )
+            read: dict[str, tuple[int, int]] = {}  # output path -> bytes of it already home
+            for tries in range(1, START_TRIES + 1):
+                submitted = await self._submitter.submit(job, jobdir, argv, script)
+                slurm_id, said = submitted.slurm_id, submitted.said
+                if submitted.lost:
+                    return JobExit(None, host_lost=True, message=said)
+                if slurm_id is None:
+                    said = " ".join(said.split())[-400:]
+                    on_output(2, f"ssh_scheduler: sbatch refused it: {said}\n".encode())
+                    request.on_started("")
+                    return JobExit(1, message=f"sbatch refused it: {said}")
+                self.submitted[job] = slurm_id
+                if tries == 1:  # announced once: a job sent again is the same attempt
+                    self._on_running[job] = partial(request.on_started, slurm_id)
+                log.info("submitted: %s is Slurm job %s on %s", job, slurm_id, self.name)
+                # (A single job sent again appends to the same files: followed from where it was.)
+                ended, state, read[submitted.output] = await self._follow(
+                    job, slurm_id, submitted.output, on_output, read.get(submitted.output, (0, 0)),
+                    request.limits.max_output_bytes,
+                )
+                if tries == START_TRIES or not await self._never_began(jobdir, state):
+                    return ended
+                said = f"Slurm ended job {slurm_id} ({state}, exit {ended.code}) before its script began"
+                log.warning("%s: %s of %s; submitting it again", self.name, said, job)
+                on_output(2, f"ssh_scheduler: {said}; submitting it again\n".encode())
+            raise AssertionError("unreachable")
         finally:  # a job that never started (lost, cancelled) has nothing to announce later
             self._on_running.pop(job, None)
+
+    async def _never_began(self, jobdir: str, state: str | None) -> bool:
+        """Slurm failed the job before its batch script made its mark (S.batch_script): its
+        command never ran, so sending it again is safe (slurmd can lose a starting job's script
+        to its own race, and the job then fails with execve's ENOENT).  A job cancelled,
+        timed out or failed by its node is not one: it is told as it ended."""
+        if state != "FAILED":
+            return False
+        marker = shlex.quote(S.began_marker(jobdir))
+        try:
+            out, rc, _ = await self.session.probe(f"test -e {marker} && echo began || echo never", timeout=60)
+        except TransportError:
+            return False
+        return rc == 0 and out.strip() == "never"
 
     async def resume(self, request: RunRequest, offsets: tuple[int, int], on_output: OutputSink) -> JobExit:
         """Follow a job an earlier coordinator submitted (found in squeue by its name)."""
         slurm_id, _status = self.found.pop(request.name)
         self.submitted[request.name] = slurm_id
         output = self._found_outputs.pop(request.name, request.jobdir)
-        return await self._follow(request.name, slurm_id, output, on_output, offsets)
+        ended, _state, _read = await self._follow(request.name, slurm_id, output, on_output, offsets)
+        return ended
 
     async def _follow(
         self,
@@ -172,8 +202,10 @@ class SlurmExecutor(AgentExecutor):
         on_output: OutputSink,
         offsets: tuple[int, int],
         max_output: int | None = None,
-    ) -> JobExit:
-        """Follow the job to its end; ``output``: where Slurm writes its ``.out``/``.err``."""
+    ) -> tuple[JobExit, str | None, tuple[int, int]]:
+        """Follow the job to its end; ``output``: where Slurm writes its ``.out``/``.err``.
+        Returns how it ended, the state Slurm ended it in (None: we never saw it end) and the
+        bytes of its .out and .err read."""
         loop = asyncio.get_running_loop()
         tracked = _Tracked(
             job, slurm_id, output, on_output, list(offsets), loop.create_future(), room=max_output
@@ -181,7 +213,9 @@ class SlurmExecutor(AgentExecutor):
         self._tracked[job] = tracked
         self._start_poller()
         try:
-            return await asyncio.shield(tracked.done)
+            ended = await asyncio.shield(tracked.done)
+            state = None if tracked.ended is None else tracked.ended.state
+            return ended, state, (tracked.offsets[0], tracked.offsets[1])
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._scancel([slurm_id]))

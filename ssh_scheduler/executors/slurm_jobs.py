@@ -30,6 +30,7 @@ __all__ = [
     "JobStatus",
     "PollReply",
     "batch_script",
+    "began_marker",
     "final_status",
     "job_name",
     "parse_scontrol",
@@ -127,10 +128,17 @@ def sbatch_argv(
     return argv
 
 
-def batch_script(command: str, env: Mapping[str, str], *, gpus: int) -> str:
-    """The batch script: the job's environment, then its command in ``bash --norc`` as on an
-    SSH host.  Slurm sets CUDA_VISIBLE_DEVICES for a GPU job; one without GPUs sees none."""
-    lines = ["#!/bin/sh", "# an ssh_scheduler job"]
+def began_marker(jobdir: str) -> str:
+    """The file a job's batch script makes before anything else: a job Slurm ended without it
+    never ran its command (:func:`batch_script`)."""
+    return f"{jobdir}.began"
+
+
+def batch_script(command: str, env: Mapping[str, str], *, gpus: int, jobdir: str) -> str:
+    """The batch script: its mark that it began, the job's environment, then its command in
+    ``bash --norc`` as on an SSH host.  Slurm sets CUDA_VISIBLE_DEVICES for a GPU job; one
+    without GPUs sees none.  No mark, no command: a job whose mark cannot be made stops there."""
+    lines = ["#!/bin/sh", "# an ssh_scheduler job", f"true >>{shlex.quote(began_marker(jobdir))} || exit 1"]
     for key, value in env.items():
         if key == "CUDA_VISIBLE_DEVICES" and gpus > 0:
             continue
