@@ -77,6 +77,25 @@ IGNORE_CASES = [
     (["a\\*b"], "a*b", False, True),
     (["a\\*b"], "axb", False, False),
     (["", "# comment", "   "], "x", False, False),
+    # escapes and edges inside a class, and names holding a newline (the mutation run's finds)
+    (["[\\]]x"], "]x", False, True),
+    (["[a\\-c]"], "-", False, True),  # an escaped '-' is no range
+    (["[a\\-c]"], "b", False, False),
+    (["[a-]"], "-", False, True),
+    (["[\\!a]"], "!", False, True),  # an escaped '!' is no negation
+    (["[\\!a]"], "b", False, False),
+    (["[\\a]"], "a", False, True),
+    (["[\\\\]"], "\\", False, True),
+    (["[]a]"], "a", False, True),
+    (["[!a]x"], "bx", False, True),
+    (["[!a]x"], "ax", False, False),
+    (["a**b"], "axyb", False, True),
+    (["*.log"], "a\nb.log", False, True),  # '*' and '?' match a newline in a name, as git's do
+    (["a?b"], "a\nb", False, True),
+    (["abc/**"], "abc/a\nb", False, True),  # ...and '**' does too
+    (["**/foo"], "a\nb/foo", False, True),
+    (["a/**/b"], "a/x\ny/b", False, True),
+    (["x", "abc/**"], "abc/a\nb", False, True),  # (all rules at once: one regex)
 ]
 
 
@@ -360,3 +379,97 @@ def test_what_cannot_be_read_is_refused_in_one_line_not_sent_without() -> None:
     finally:
         os.chmod(base / "closed", 0o700)
         shutil.rmtree(base)
+
+
+# --- what the mutation run (scripts/mutation forward) found no test for ----------------------------
+
+
+def test_what_a_walk_meets_besides_plain_files(tmp_path: Path) -> None:
+    """A link under an innocent name to a secret place (withheld, and listed as withheld), a
+    dangling link and a FIFO (nothing to send), folders (listed: the host makes them) and the
+    executable bit (the cache key's suffix, so the host's copy runs): none of them ends the walk
+    before the entries after it."""
+    home = tmp_path / "home"
+    _tree(home, {".aws/credentials": b"[default]\n"})  # no key in it: a secret by where it is
+    project = tmp_path / "p"
+    _tree(project, {"a/run.sh": b"#!/bin/sh\n", "b/c/data.txt": b"d", "z.txt": b"z"})
+    os.chmod(project / "a" / "run.sh", 0o755)
+    (project / "a" / "creds").symlink_to(home / ".aws" / "credentials")
+    (project / "a" / "dangling").symlink_to(project / "nowhere")
+    os.mkfifo(project / "a" / "fifo")  # each sorts before run.sh, the file after them
+    forward = collect_forward((".",), project, Hasher())
+    assert [(f.rel, f.path, f.key.rsplit("-", 1)[1], f.size) for f in forward.files] == [
+        ("a/run.sh", project / "a" / "run.sh", "x", 10),
+        ("b/c/data.txt", project / "b" / "c" / "data.txt", "r", 1),
+        ("z.txt", project / "z.txt", "r", 1),
+    ]
+    assert forward.withheld == ("a/creds",)
+    assert forward.dirs == ("a", "b", "b/c")
+    assert collect_forward(("b",), project, Hasher()).dirs == ("b", "b/c")
+
+
+def test_the_messages_name_the_path_and_the_fix(tmp_path: Path) -> None:
+    _tree(tmp_path, {".aws/credentials": b"[default]\n", "a.txt": b"a"})
+    with pytest.raises(TransferError) as err:
+        _sent(tmp_path, ("nothere",))
+    assert str(err.value) == f"--copy-forwards: nothere does not exist (relative to {tmp_path})"
+    with pytest.raises(TransferError) as err:
+        _sent(tmp_path, (str(tmp_path / ".aws" / "credentials"),))  # named by its absolute path
+    assert str(err.value) == (
+        f"--copy-forwards {tmp_path}/.aws/credentials matches the secret pattern .aws/; secrets are "
+        "not sent to hosts unless you pass --allow-secret-copies"
+    )
+    (tmp_path / ".sshschedulerignore").mkdir()  # cannot be read as a file
+    with pytest.raises(TransferError) as err:
+        _sent(tmp_path)
+    assert str(err.value) == f"cannot read {tmp_path}/.sshschedulerignore: Is a directory"
+
+
+def test_an_ignore_file_that_is_not_utf8_still_applies(tmp_path: Path) -> None:
+    # A Latin-1 name in a comment (an editor's choice) must not cost the rules after it.
+    (tmp_path / ".sshschedulerignore").write_bytes(b"# caf\xe9 data\n*.bin\n")
+    _tree(tmp_path, {"x.bin": b"x", "y.txt": b"y"})
+    assert _sent(tmp_path) == {".sshschedulerignore", "y.txt"}
+
+
+def test_the_size_limits_are_inclusive(tmp_path: Path) -> None:
+    _tree(tmp_path, {"a": b"x" * 600, "b": b"x" * 400})
+    forward = collect_forward((".",), tmp_path, Hasher())
+    check_forward_size(forward, (".",), ForwardPolicy(max_bytes=1000, max_files=2))  # exactly at both
+    with pytest.raises(TransferError, match=r"more than --forward-max-bytes 999 bytes"):
+        check_forward_size(forward, (".",), ForwardPolicy(max_bytes=999))
+    with pytest.raises(TransferError, match=r"more than --forward-max-files 1 files"):
+        check_forward_size(forward, (".",), ForwardPolicy(max_files=1))
+
+
+def test_a_commands_line_refusal_says_the_line_the_option_and_the_folder(tmp_path: Path) -> None:
+    base = tmp_path / "proj"
+    _tree(base, {"in.txt": b"x", ".ssh/id_ed25519": FAKE_KEY})
+    (base / "out_link").symlink_to(tmp_path)
+    (base / "dangling").symlink_to(base / "nowhere")
+    with pytest.raises(TransferError) as err:
+        check_job_copies(_jobs("--copy-backwards /tmp 'ls'\n"), base, ForwardPolicy())
+    assert str(err.value) == (
+        f"batch line 1 (job b.sh.1): --copy-backwards /tmp is an absolute path; a batch line may copy "
+        f"only paths inside its folder {base.resolve()} unless you pass --allow-outside-copies"
+    )
+    with pytest.raises(TransferError) as err:
+        check_job_copies(_jobs("--copy-forwards .ssh 'ls'\n"), base, ForwardPolicy())
+    assert str(err.value) == (
+        "batch line 1 (job b.sh.1): --copy-forwards .ssh matches the secret pattern .ssh/; secrets are "
+        "not sent to hosts unless you pass --allow-secret-copies"
+    )
+    # What comes back is named on the host: a local link or secret of that name does not matter,
+    # and a dangling link forward is left to the walk (which says it does not exist).
+    check_job_copies(_jobs("--copy-backwards out_link .ssh 'ls'\n--copy-forwards dangling 'ls'\n"), base, ForwardPolicy())
+
+
+def test_a_path_outside_the_folder_is_sent_under_its_own_name(tmp_path: Path) -> None:
+    """``--copy-forwards /data/set`` (allowed on the command line): its files land under
+    ``set/`` in the job's folder, whatever the base."""
+    _tree(tmp_path, {"elsewhere/set/a.txt": b"a", "elsewhere/set/sub/b.txt": b"b"})
+    base = tmp_path / "proj"
+    base.mkdir()
+    found = collect_forward([str(tmp_path / "elsewhere" / "set")], base, Hasher())
+    assert [f.rel for f in found.files] == ["set/a.txt", "set/sub/b.txt"]
+    assert found.dirs == ("set", "set/sub")

@@ -191,3 +191,84 @@ def test_the_memo_is_private_and_holds_what_the_last_walk_found(
     assert sorted(os.path.relpath(p, data) for p in files) == sorted([
         "f0.txt", "f1.txt", "f2.txt", "f3.txt", "id_like", "sub/deep.bin", os.fsdecode(b"caf\xe9.txt"),
     ])  # a removed file leaves the memo with the next walk
+
+
+def test_memo_files_nobody_wrote_for_keep_days_go(walk: Callable[[], ForwardSet], tmp_path: Path) -> None:
+    """A save sweeps the folder: what is older than KEEP_DAYS (another folder's memo, a killed
+    command's half-written one) goes; what is younger, and anything that is not a plain file
+    (a link: its target is never touched), stays."""
+    folder = tmp_path / "cache" / "ssh_scheduler" / hash_memo.FOLDER
+    folder.mkdir(parents=True, mode=0o700)
+    now = time.time()
+    ages = {"old.json": hash_memo.KEEP_DAYS + 1, "young.json": hash_memo.KEEP_DAYS - 1}
+    for name, days in ages.items():
+        (folder / name).write_text("{}")
+        os.utime(folder / name, (now - days * 86400, now - days * 86400))
+    target = tmp_path / "target.json"
+    target.write_text("{}")
+    os.utime(target, (now - 400 * 86400, now - 400 * 86400))
+    (folder / "link.json").symlink_to(target)
+    os.utime(folder / "link.json", (now - 400 * 86400,) * 2, follow_symlinks=False)
+    walk()
+    left = sorted(p.name for p in folder.iterdir())
+    assert left == sorted(["young.json", "link.json", memo_file(folder, tmp_path / "data").name])
+    assert target.exists()
+
+
+def test_the_memo_lives_in_the_users_cache_folder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert hash_memo.default_path() == tmp_path / "xdg" / "ssh_scheduler" / "hashes"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert hash_memo.default_path() == tmp_path / "home" / ".cache" / "ssh_scheduler" / "hashes"
+
+
+def test_a_memo_folder_that_is_a_link_is_not_used(
+    tmp_path: Path, data: Path, reads: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Someone who could swap the folder for a link could feed any verdict (a key "not a key"):
+    it is opened without following one, and not used."""
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    (tmp_path / "memo").symlink_to(real)
+    caplog.set_level(logging.INFO)
+    hasher = Hasher(HashMemo(tmp_path / "memo"))
+    collect_forward(["data"], tmp_path, hasher)
+    hasher.save()
+    assert "hash memo" in caplog.text and "not used" in caplog.text
+    assert list(real.iterdir()) == []
+
+
+def test_a_memo_still_in_use_is_kept_fresh_and_each_holds_its_own_path(
+    walk: Callable[[], ForwardSet], tmp_path: Path, data: Path
+) -> None:
+    """A walk that finds everything as its memo says rewrites nothing but marks the memo used
+    (its mtime), so KEEP_DAYS counts from the last use, not the last change; and a command that
+    walks two paths keeps each one's files in that path's memo only."""
+    walk()
+    folder = tmp_path / "cache" / "ssh_scheduler" / hash_memo.FOLDER
+    memo = memo_file(folder, data)
+    aged = time.time() - (hash_memo.KEEP_DAYS + 1) * 86400
+    os.utime(memo, (aged, aged))
+    before = memo.read_bytes()
+    walk()
+    assert memo.read_bytes() == before and memo.stat().st_mtime > time.time() - 60
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "o.txt").write_text("o\n")
+    hasher = Hasher(HashMemo(folder))
+    time.sleep(0.02)
+    collect_forward(["data", "other"], tmp_path, hasher)
+    hasher.save()
+    for top, names in ((data, 8), (other, 1)):
+        files = json.loads(memo_file(folder, top).read_text())["files"]
+        assert len(files) == names and all(p.startswith(f"{top}/") for p in files), files
+
+
+def test_one_command_reads_a_file_once_however_often_it_is_walked(
+    tmp_path: Path, data: Path, reads: list[str]
+) -> None:
+    hasher = Hasher()  # no lasting memo: the command's own
+    first = collect_forward(["data"], tmp_path, hasher)
+    assert collect_forward(["data"], tmp_path, hasher) == first
+    assert len(reads) == 8 and hasher.read == 8

@@ -148,3 +148,20 @@ def test_the_wide_scan_skips_a_decoding_only_where_it_could_not_find_a_key() -> 
     verdicts = [_decoding_every_way(head) for head in heads]
     assert [holds_key_text(head) for head in heads] == verdicts
     assert 100 < sum(verdicts) < len(heads) - 200  # keys found and missed alike
+
+
+def test_only_a_small_file_is_judged_by_its_content(tmp_path: Path) -> None:
+    from ssh_scheduler.errors import TransferError
+
+    """A key is a few KB: a file past KEY_SCAN_BYTES (a dataset whose first record happens to
+    quote one) is not withheld for its content, named or walked; one at the limit is."""
+    key = KEYS["gcp-sa.json"]
+    _tree(tmp_path, {
+        "big.json": key + b" " * (secret_scan.KEY_SCAN_BYTES + 1 - len(key)),
+        "edge.json": key + b" " * (secret_scan.KEY_SCAN_BYTES - len(key)),
+    })  # fmt: skip
+    assert [f.rel for f in collect_forward(("big.json",), tmp_path, Hasher()).files] == ["big.json"]
+    walked = collect_forward((".",), tmp_path, Hasher())
+    assert [f.rel for f in walked.files] == ["big.json"] and walked.withheld == ("edge.json",)
+    with pytest.raises(TransferError, match=r"edge\.json holds a private key"):
+        collect_forward(("edge.json",), tmp_path, Hasher())
