@@ -459,9 +459,15 @@ def test_a_commands_line_refusal_says_the_line_the_option_and_the_folder(tmp_pat
         "batch line 1 (job b.sh.1): --copy-forwards .ssh matches the secret pattern .ssh/; secrets are "
         "not sent to hosts unless you pass --allow-secret-copies"
     )
-    # What comes back is named on the host: a local link or secret of that name does not matter,
-    # and a dangling link forward is left to the walk (which says it does not exist).
-    check_job_copies(_jobs("--copy-backwards out_link .ssh 'ls'\n--copy-forwards dangling 'ls'\n"), base, ForwardPolicy())
+    # What comes back is named on the host: a local link or secret of that name does not matter.
+    check_job_copies(_jobs("--copy-backwards out_link .ssh nothere 'ls'\n"), base, ForwardPolicy())
+    # What goes must be there, said before anything starts (a dangling link is nothing to send).
+    for missing in ("nothere", "dangling"):
+        with pytest.raises(TransferError) as err:
+            check_job_copies(_jobs(f"'true'\n--copy-forwards in.txt {missing} 'ls'\n"), base, ForwardPolicy())
+        assert str(err.value) == (
+            f"batch line 2 (job b.sh.2): --copy-forwards {missing} does not exist (relative to {base})"
+        )
 
 
 def test_a_path_outside_the_folder_is_sent_under_its_own_name(tmp_path: Path) -> None:

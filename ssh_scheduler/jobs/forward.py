@@ -59,10 +59,8 @@ log = logging.getLogger(__name__)
 
 # Never worth sending: results, VCS data, virtualenvs (paths are host-specific), caches, and an
 # agent's work root (a home copied forward holds one; it changes while it is walked).
-DEFAULT_EXCLUDES = frozenset(
-    {"job_results", ".git", ".venv", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
-    | {".ssh_scheduler"}
-)
+DEFAULT_EXCLUDES = frozenset({"job_results", ".git", ".venv", ".ssh_scheduler"}
+                             | {"__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache"})
 IGNORE_FILE = ".sshschedulerignore"
 DEFAULT_MAX_BYTES = 1 << 30
 DEFAULT_MAX_FILES = 10_000
@@ -489,6 +487,8 @@ def check_job_copies(jobs: Sequence[Job], base: Path, policy: ForwardPolicy) -> 
                         f"only paths inside its folder {plain_text(str(base.resolve()))} unless you "
                         f"pass {ALLOW_OUTSIDE_FLAG}"
                     )
+            if local and not os.path.exists(base / path):  # now: at its job's placement it ends the batch
+                raise TransferError(f"{where}: {option} {plain_text(path)} does not exist (relative to {base})")
             if local and not policy.allow_secrets and os.path.lexists(base / path):
                 top = (base / path).resolve()
                 secret = _named_secret(path, top) if top.exists() else None
