@@ -444,3 +444,51 @@ def test_a_batch_script_marks_that_it_began_before_anything_runs(tmp_path: Path)
     script.write_text(batch_script(f"echo ran > {tmp_path}/ran2", {}, gpus=0, jobdir=str(tmp_path / "t-k")))
     done = subprocess.run(["/bin/sh", str(script)], cwd=folder, capture_output=True, text=True, check=False)
     assert done.returncode == 1 and not (tmp_path / "ran2").exists(), done
+
+
+async def test_a_job_sent_again_leads_an_array_of_its_own_files(tmp_path: Path) -> None:
+    """Arrays are named after their first job (``@<job>``): a job Slurm failed before it began
+    and that leads an array again gets ``@<job>@2``, so the new array's tasks never append to
+    (and are never followed from) the first array's task outputs, which other jobs had."""
+    import asyncio
+
+    from ssh_scheduler.executors.slurm_array import parse_array_script
+    from ssh_scheduler.executors.slurm_submit import Submitter
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    counter = tmp_path / "n"
+    (bin_dir / "sbatch").write_text(f"#!/bin/sh\nn=$(cat {counter} 2>/dev/null || echo 10); echo $((n + 1)) > {counter}; echo $n\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    settings = SlurmSettings(command_prefix=f"PATH={shlex.quote(str(bin_dir))}:$PATH")
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+
+    def jobdir(token: str, job: str) -> str:
+        return f"{jobs}/{token}-{job}"
+
+    async def run(line: str) -> tuple[str, int]:
+        done = await asyncio.to_thread(subprocess.run, ["/bin/sh", "-c", line], capture_output=True, text=True)
+        return done.stdout + done.stderr, done.returncode
+
+    async def nothing(ids: list[str]) -> None:
+        pass
+
+    submitter = Submitter("login", settings, "t", run, nothing, jobdir)
+
+    async def together(*names: str) -> list[tuple[str | None, str]]:
+        argv = sbatch_argv(settings, name="x", jobdir="/d", needs=Needs(), timeout=None)
+        done = await asyncio.gather(*(
+            submitter.submit(n, jobdir("t", n), argv, batch_script("true", {}, gpus=0, jobdir=jobdir("t", n)))
+            for n in names
+        ))  # fmt: skip
+        return [(d.slurm_id, d.output) for d in done]
+
+    try:
+        assert await together("X", "Y") == [("10_0", f"{jobs}/t-@X.0"), ("10_1", f"{jobs}/t-@X.1")]
+        assert await together("X", "Z") == [("11_0", f"{jobs}/t-@X@2.0"), ("11_1", f"{jobs}/t-@X@2.1")]
+        assert await together("W") == [("12", f"{jobs}/t-W")]  # alone: its own folder's files
+        assert sorted(p.name for p in jobs.glob("*.array")) == ["t-@X.array", "t-@X@2.array"]
+        assert parse_array_script((jobs / "t-@X@2.array").read_text()) == [f"{jobs}/t-X", f"{jobs}/t-Z"]
+    finally:
+        await submitter.close()

@@ -85,6 +85,7 @@ class Submitter:
         self._run, self._cancel, self._jobdir = run, cancel, jobdir
         self._submissions: list[_Submission] = []
         self._task: asyncio.Task[None] | None = None
+        self._arrays: dict[str, int] = {}  # first job -> arrays submitted under its name
 
     async def close(self) -> None:
         if self._task is not None:
@@ -131,17 +132,27 @@ class Submitter:
         if len(chunk) == 1:
             return S.submit_command(self.settings, first.argv, first.script)
         return array_submit_command(
-            self.settings, options, name=S.job_name(self.token, ARRAY_MARK + first.job),
+            self.settings, options, name=S.job_name(self.token, self._label(chunk)),
             workdir=os.path.dirname(first.jobdir), stem=self._stem(chunk),
             jobs=[(s.jobdir, s.script) for s in chunk],
         )  # fmt: skip
 
+    def _label(self, chunk: list[_Submission]) -> str:
+        """The array's name after the token: ``@<first job>``, or ``@<first job>@<n>`` for the
+        n-th array a job sent again leads (no job name holds ``@``): each array's files are its
+        own, never another's task outputs appended to."""
+        n = self._arrays.get(chunk[0].job, 0)
+        return f"{ARRAY_MARK}{chunk[0].job}" + (f"{ARRAY_MARK}{n + 1}" if n else "")
+
     def _stem(self, chunk: list[_Submission]) -> str:
         """An array's files' path before ``.array`` (its tasks' outputs: ``task_outputs``): the
-        folder path of a job named ``@<first job>``, where a rerun looks for it too."""
-        return self._jobdir(self.token, ARRAY_MARK + chunk[0].job)
+        folder path of a job named as the array (:meth:`_label`), where a rerun looks for it too."""
+        return self._jobdir(self.token, self._label(chunk))
 
     async def _submit_chunk(self, command: str, chunk: list[_Submission]) -> None:
+        stem = self._stem(chunk)
+        if len(chunk) > 1:  # its name is taken, whatever sbatch answers
+            self._arrays[chunk[0].job] = self._arrays.get(chunk[0].job, 0) + 1
         try:
             out, rc = await self._run(command)
         except TransportError as exc:
@@ -156,7 +167,7 @@ class Submitter:
             ids, outputs = [slurm_id], [chunk[0].jobdir]
         else:
             ids = [f"{slurm_id}_{i}" if slurm_id else None for i in range(len(chunk))]
-            outputs = [task_output(self._stem(chunk), i) for i in range(len(chunk))]
+            outputs = [task_output(stem, i) for i in range(len(chunk))]
         for s, job_id, output in zip(chunk, ids, outputs, strict=True):
             s.done.set_result(Submitted(job_id, said or f"exit status {rc}", False, output))
         gone = [
