@@ -18,7 +18,7 @@ from dataclasses import replace
 
 from ssh_scheduler.coordinator.batch_run import BatchOptions
 from ssh_scheduler.coordinator.jobrun import JobRun, OutputFiles, job_environment
-from ssh_scheduler.errors import SchedulerError, TransportError
+from ssh_scheduler.errors import SchedulerError, TransferError, TransportError
 from ssh_scheduler.events import Ended, EventBus, Notice
 from ssh_scheduler.executors.base import Executor, RunRequest, ShellCommand
 from ssh_scheduler.executors.transfer import CopyBudget
@@ -123,8 +123,16 @@ class JobTasks:
         executor = self.executors[start.placement.machine]
         key = job.copy_forwards if job.copy_forwards is not None else options.copy_forwards
         forward = self.forward_sets.get(key)
+        refused = None
         if forward is None:  # hashing new inputs: off the event loop
-            forward = await asyncio.to_thread(self.forward, key)
+            try:
+                forward = await asyncio.to_thread(self.forward, key)
+            except TransferError as exc:
+                # A --commands line's own inputs, walked only now, cannot be read (a colleague's
+                # file, one gone since the check): that job fails with the reason, as a command
+                # that could not start; the batch and the jobs running go on.  (The batch's own
+                # --copy-forwards were walked before any job started.)
+                forward, refused = ForwardSet((), ()), str(exc)
         request = self.request(start, executor, forward)
         output = OutputFiles(
             options.results_dir, name, append=start.resume, mirror={1: [1], 2: [2]} if options.echo_output else {},
@@ -135,20 +143,8 @@ class JobTasks:
             executor, request, output, options.results_dir, enforce_timeout=False, folder=self.folder, budget=self.budget
         )
         try:
-            try:
-                output.open()
-            except SchedulerError as exc:
-                ended = Ended(None, message=str(exc))
-                self.local_failure(str(exc))
-            else:
-                try:
-
-                    def staged() -> None:
-                        log.info("sent: %s's inputs are on %s (%d bytes sent there so far)", name, executor.name, executor.bytes_sent)
-
-                    ended = await run.run(resume=start.resume, on_staged=staged)
-                finally:
-                    output.close()
+            # (A refusal is said once, in the job's failed line.)
+            ended = Ended(None, message=refused) if refused is not None else await self._attempt(run, output, start.resume)
             if planner.killed_for(name) == "timeout" and not ended.host_lost:
                 ended = planner.timed_out(name)
             actions = planner.job_exited(name, ended)
@@ -165,6 +161,23 @@ class JobTasks:
             with contextlib.suppress(Exception):
                 await asyncio.shield(bounded(executor.remove(request.jobdir, name), 10))
             raise
+
+    async def _attempt(self, run: JobRun, output: OutputFiles, resume: bool) -> Ended:
+        """The job's files here opened, its command run there: how it ended."""
+        name, executor = run.request.name, run.executor
+        try:
+            output.open()
+        except SchedulerError as exc:
+            self.local_failure(str(exc))
+            return Ended(None, message=str(exc))
+        try:
+
+            def staged() -> None:
+                log.info("sent: %s's inputs are on %s (%d bytes sent there so far)", name, executor.name, executor.bytes_sent)
+
+            return await run.run(resume=resume, on_staged=staged)
+        finally:
+            output.close()
 
     async def _commit(self, run: JobRun, output: OutputFiles, ended: Ended) -> tuple[Ended, int]:
         """The job ended: both its files here, its results home.  What did not all come home
