@@ -334,6 +334,35 @@ def test_a_job_slurm_fails_before_its_script_began_is_sent_again(slurm: SlurmSit
     assert [j["JobState"] for j in tries] == ["FAILED"] * (len(tries) - 1) + ["COMPLETED"], tries
 
 
+def test_a_job_sent_again_is_followed_from_where_its_output_was(slurm: SlurmSite, tmp_path: Path) -> None:
+    """A single job sent again appends to the same output files (``--open-mode=append``): what
+    came home of them while its first try waited is not brought again.  Each try is held
+    (``--hold``) until the test releases it: the first once some output of it is home, so the
+    offsets it was followed to are not zero when it fails (before its script: ``--input`` as
+    above) and is sent again."""
+    gates = shared_dir(slurm)
+    (tmp_path / "jobs.sh").write_text("echo ran\n")
+    machine = slurm_machine(slurm, tmp_path, sbatch_args=[f"--input={gates}/in-%j", "--hold"])
+    batch = LiveBatch(tmp_path, "jobs.sh", "--machines", machine, "--no-gpu-required")
+    out = tmp_path / "job_results" / "jobs.sh.1.out"
+    try:
+        wait_until(lambda: tries_of(slurm, tmp_path), "the first try is in Slurm, held")
+        first = tries_of(slurm, tmp_path)[0]
+        assert first["StdOut"].endswith("jobs.sh.1.out"), first
+        assert slurm.login.ssh(f"printf 'before\\n' >> {first['StdOut']}").returncode == 0
+        wait_until(lambda: out.exists() and out.read_text() == "before\n", "the held try's output is home")
+        later = " ".join(f"{gates}/in-{n}" for n in range(int(first["JobId"]) + 1, int(first["JobId"]) + 200))
+        assert slurm.login.ssh(f"touch {later}; scontrol release {first['JobId']}").returncode == 0
+        wait_until(lambda: len(tries_of(slurm, tmp_path)) == 2, "the job is sent again")
+        assert slurm.login.ssh(f"scontrol release {tries_of(slurm, tmp_path)[1]['JobId']}").returncode == 0
+        assert batch.finish(timeout=120) == 0, batch.text()
+    finally:
+        if batch.proc.poll() is None:
+            batch.kill()
+    assert out.read_text() == "before\nran\n"  # "before" once: the second try followed from it
+    assert [j["JobState"] for j in tries_of(slurm, tmp_path)] == ["FAILED", "COMPLETED"]
+
+
 def test_a_job_that_ran_and_failed_is_not_sent_again(slurm: SlurmSite, tmp_path: Path) -> None:
     """Its script began (its mark is there): exit 2 is its own answer, told once."""
     result, row = one_cpu_job(slurm, tmp_path, "echo once; exit 2")
