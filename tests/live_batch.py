@@ -69,9 +69,9 @@ class LiveBatch:
     """A batch running in the background in its own session; two threads collect its stdout and
     stderr lines as they come, so the test can wait for a line without blocking on a pipe."""
 
-    def __init__(self, cwd: Path, *args: str) -> None:
+    def __init__(self, cwd: Path, *args: str, env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(
-            [*EXECUTE_BATCH, *args], cwd=cwd, env=batch_env(), stdout=subprocess.PIPE,
+            [*EXECUTE_BATCH, *args], cwd=cwd, env=env or batch_env(), stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, start_new_session=True,
         )  # fmt: skip
         self.out: list[str] = []
